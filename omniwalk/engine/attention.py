@@ -1,0 +1,113 @@
+"""Attention over a paged KV cache for one ragged batch.
+
+A forward pass covers B sequences; sequence b brings `query_lens[b]` new tokens whose
+keys/values are appended after its `context_lens[b]` cached tokens. Prefill chunks and
+decode steps (query_len == 1) mix freely in one batch:
+
+    flat tokens:   [ seq0: 5 prefill tokens | seq1: 1 decode token | seq2: 3 chunk tokens ]
+    query_start:   [0, 5, 6, 9]
+    context_lens:  [0, 41, 128]
+
+Model code calls `PagedAttention.forward(layer_index, q, k, v)`; the layer never sees
+pages or slots.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from omniwalk.engine.kv_cache import PagedKVCache
+
+
+@dataclass
+class AttentionMetadata:
+    """What one forward pass needs to know about the layout of its batch."""
+
+    # Host-side lists drive the CPU path and are cheap to build; device tensors are
+    # what kernels read.
+    query_lens: list[int]           # new tokens per sequence
+    context_lens: list[int]         # tokens already cached per sequence, before this pass
+    page_tables: list[list[int]]    # pages of each sequence, covering context + new tokens
+    slot_mapping: torch.Tensor      # [num_tokens] int64: where each new token's k/v goes
+
+    @property
+    def num_sequences(self) -> int:
+        return len(self.query_lens)
+
+
+class PagedAttention:
+    """Writes new keys/values into the cache and attends over each sequence's pages.
+
+    CPU path: torch scaled_dot_product_attention per sequence over its gathered pages.
+    """
+
+    def __init__(self, cache: PagedKVCache, metadata: AttentionMetadata):
+        self.cache = cache
+        self.metadata = metadata
+
+    def forward(
+        self,
+        layer_index: int,
+        query: torch.Tensor,   # [num_tokens, num_heads, head_dim]
+        key: torch.Tensor,     # [num_tokens, num_kv_heads, head_dim]
+        value: torch.Tensor,   # [num_tokens, num_kv_heads, head_dim]
+        scale: float,
+    ) -> torch.Tensor:         # [num_tokens, num_heads, head_dim]
+        meta = self.metadata
+        key_pool = self.cache.keys[layer_index]
+        value_pool = self.cache.values[layer_index]
+        key_pool.index_copy_(0, meta.slot_mapping, key.to(key_pool.dtype))
+        value_pool.index_copy_(0, meta.slot_mapping, value.to(value_pool.dtype))
+
+        page_size = self.cache.page_size
+        outputs = []
+        start = 0
+        for query_len, context_len, table in zip(meta.query_lens, meta.context_lens, meta.page_tables):
+            total = context_len + query_len
+            pages = torch.tensor(table, dtype=torch.long, device=query.device)
+            slots = (pages[:, None] * page_size + torch.arange(page_size, device=query.device)).flatten()[:total]
+            q = query[start : start + query_len].transpose(0, 1)        # [heads, q, dim]
+            k = key_pool.index_select(0, slots).transpose(0, 1).to(q.dtype)   # [kv_heads, total, dim]
+            v = value_pool.index_select(0, slots).transpose(0, 1).to(q.dtype)
+            mask = None
+            if query_len > 1:
+                # query i sits at absolute position context_len + i and sees keys up to it
+                positions = torch.arange(query_len, device=q.device)[:, None] + context_len
+                mask = torch.arange(total, device=q.device)[None, :] <= positions
+            out = F.scaled_dot_product_attention(
+                q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
+                attn_mask=mask, scale=scale, enable_gqa=q.shape[0] != k.shape[0],
+            )
+            outputs.append(out.squeeze(0).transpose(0, 1))
+            start += query_len
+        return torch.cat(outputs, dim=0)
+
+
+def build_metadata(
+    cache: PagedKVCache, handles: list[int], context_lens: list[int], query_lens: list[int], device
+) -> AttentionMetadata:
+    """Metadata for a batch whose pages were already reserved in `cache`."""
+    slots: list[int] = []
+    for handle, context_len, query_len in zip(handles, context_lens, query_lens):
+        slots.extend(cache.slots(handle, context_len, context_len + query_len))
+    return AttentionMetadata(
+        query_lens=list(query_lens),
+        context_lens=list(context_lens),
+        page_tables=[cache.page_tables[h] for h in handles],
+        slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
+    )
+
+
+def attention_for_tests(num_layers: int, num_kv_heads: int, head_dim: int, seq_len: int,
+                        dtype=torch.float32, device="cpu") -> PagedAttention:
+    """A one-sequence prefill context: lets model code run a plain forward without the engine."""
+    from omniwalk.engine.kv_cache import KVCacheShape
+
+    page_size = 16
+    shape = KVCacheShape(num_layers, num_kv_heads, head_dim, page_size, num_pages=-(-seq_len // page_size))
+    cache = PagedKVCache(shape, dtype, device)
+    cache.reserve(0, seq_len)
+    return PagedAttention(cache, build_metadata(cache, [0], [0], [seq_len], device))

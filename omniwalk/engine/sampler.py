@@ -1,0 +1,409 @@
+"""Token sampling for one decode step of a batch.
+
+`Sampler()(logits, params, seeds, sample_indices, prompt_token_ids, output_token_ids)`
+turns the last-position logits of B sequences into B token ids, plus optional logprobs.
+
+Per row, in this order:
+
+    penalties (repetition, presence, frequency)       -- greedy rows too
+    greedy rows: argmax                                -- ties: lowest index
+    sampled rows: temperature -> top_k -> top_p -> min_p -> exponential race
+
+Batch-invariant randomness
+--------------------------
+A sampled row's token is a pure function of (its logits row, its params, its seed, its
+sample_index, its token history): no torch.Generator and no global RNG is touched, and
+no value depends on which other rows share the batch. The noise comes from a
+counter-based hash of (seed, sample_index, token id):
+
+* per row, in Python: ``key = splitmix64(splitmix64(seed) + sample_index)`` (64 bits,
+  exact Python integer arithmetic), split into two 32-bit halves ``a`` and ``b``;
+* per (row, token), in torch int64: ``h = fmix32(fmix32(token ^ a) + b)`` with MurmurHash3's
+  32-bit finalizer. Every intermediate value is kept below 2**49 (32-bit multiplications
+  are split into 16-bit halves of the constant), so there is no signed overflow and no
+  reliance on wrap-around: CPU and CUDA produce the same bits;
+* ``u = (h + 0.5) / 2**32`` in (0, 1), ``E = -log(u)`` ~ Exp(1), and the token is
+  ``argmax(p / E) = argmax(logit / T - log(E))`` (the exponential race, equivalent to the
+  Gumbel-max trick), evaluated in float64.
+
+The race is done in the logit domain, so it needs no softmax reduction; the remaining
+places where rounding may differ between devices are the top-p softmax/cumsum (only a
+token sitting exactly on the nucleus boundary can be affected) and a 1-ulp float64
+difference in ``log`` (only an exact float64 tie in the race can be affected).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["SamplingParams", "SamplerOutput", "Sampler", "MAX_LOGPROBS"]
+
+MAX_LOGPROBS = 20
+
+# Temperatures are floored at this value for the division, so that logit / T cannot
+# overflow float32 (T == 0 exactly is greedy and never divides).
+_MIN_TEMPERATURE = 1e-6
+
+_MASK32 = 0xFFFFFFFF
+_MASK64 = 0xFFFFFFFFFFFFFFFF
+_INV_2_32 = 1.0 / 4294967296.0
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request picks its next token."""
+
+    temperature: float = 1.0          # 0 means greedy
+    top_k: int = 0                    # 0 or -1: disabled
+    top_p: float = 1.0                # in (0, 1]; 1: disabled
+    min_p: float = 0.0                # in [0, 1]; 0: disabled
+    repetition_penalty: float = 1.0   # HF semantics over prompt + output tokens
+    presence_penalty: float = 0.0     # OpenAI semantics over output tokens
+    frequency_penalty: float = 0.0    # OpenAI semantics over output tokens
+    seed: int | None = None
+    logprobs: int | None = None       # None: none; k >= 0: chosen-token logprob + top-k
+
+    def __post_init__(self) -> None:
+        def _num(name: str) -> float:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"{name} must be a number, got {value!r}")
+            if not math.isfinite(value):
+                raise ValueError(f"{name} must be finite, got {value!r}")
+            return float(value)
+
+        def _int(name: str, value: object) -> int:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{name} must be an int, got {value!r}")
+            return value
+
+        if _num("temperature") < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if _int("top_k", self.top_k) < -1:
+            raise ValueError(f"top_k must be -1, 0 (disabled) or positive, got {self.top_k}")
+        top_p = _num("top_p")
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        min_p = _num("min_p")
+        if not 0.0 <= min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if _num("repetition_penalty") <= 0:
+            raise ValueError(
+                f"repetition_penalty must be > 0, got {self.repetition_penalty}"
+            )
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= _num(name) <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if self.seed is not None:
+            _int("seed", self.seed)
+        if self.logprobs is not None:
+            k = _int("logprobs", self.logprobs)
+            if not 0 <= k <= MAX_LOGPROBS:
+                raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}] or None, got {k}")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def has_penalties(self) -> bool:
+        return (
+            self.repetition_penalty != 1.0
+            or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+        )
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: torch.Tensor             # [B] int64
+    logprobs: torch.Tensor | None       # [B] float32, raw log_softmax at the chosen token
+    top_ids: torch.Tensor | None        # [B, K] int64, K = max requested logprobs
+    top_logprobs: torch.Tensor | None   # [B, K] float32, descending
+
+
+# ----------------------------------------------------------------------------- hashing
+
+
+def _splitmix64(x: int) -> int:
+    """splitmix64 step on a Python int (exact 64-bit arithmetic)."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def row_key(seed: int, sample_index: int) -> int:
+    """The 64-bit key of one sampling event."""
+    return _splitmix64(seed & _MASK64)
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """(x * c) mod 2**32 for int64 x in [0, 2**32) and a constant c < 2**32, without overflow."""
+    hi, lo = c >> 16, c & 0xFFFF
+    return ((((x * hi) & 0xFFFF) << 16) + x * lo) & _MASK32
+
+
+def _fmix32(h: torch.Tensor) -> torch.Tensor:
+    """MurmurHash3's finalizer on int64 values in [0, 2**32) (a bijection of that range)."""
+    h = h ^ (h >> 16)
+    h = _mul32(h, 0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = _mul32(h, 0xC2B2AE35)
+    return h ^ (h >> 16)
+
+
+def hash_uniform(keys: list[int], vocab_size: int, device: torch.device | str) -> torch.Tensor:
+    """[len(keys), vocab_size] float64 uniforms in (0, 1): u[r, t] = f(keys[r], t)."""
+    a = torch.tensor([k & _MASK32 for k in keys], dtype=torch.int64, device=device)
+    b = torch.tensor([k >> 32 for k in keys], dtype=torch.int64, device=device)
+    tok = torch.arange(vocab_size, dtype=torch.int64, device=device)
+    h = _fmix32(tok.unsqueeze(0) ^ a.unsqueeze(1))
+    h = _fmix32((h + b.unsqueeze(1)) & _MASK32)
+    return (h.to(torch.float64) + 0.5) * _INV_2_32
+
+
+# ----------------------------------------------------------------------------- sampler
+
+
+class Sampler:
+    """Stateless; see the module docstring for the semantics."""
+
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        params: list[SamplingParams],
+        seeds: list[int],
+        sample_indices: list[int],
+        prompt_token_ids: list[list[int]],
+        output_token_ids: list[list[int]],
+    ) -> SamplerOutput:
+        batch = self._check(logits, params, prompt_token_ids, output_token_ids)
+        if len(seeds) != batch or len(sample_indices) != batch:
+            raise ValueError(
+                f"seeds ({len(seeds)}) and sample_indices ({len(sample_indices)}) "
+                f"must have one entry per row ({batch})"
+            )
+
+        want_logprobs = any(p.logprobs is not None for p in params)
+        all_greedy = all(p.is_greedy for p in params)
+        if all_greedy and not want_logprobs and not any(p.has_penalties for p in params):
+            return SamplerOutput(logits.argmax(dim=-1), None, None, None)
+
+        processed = self.process_logits(logits, params, prompt_token_ids, output_token_ids)
+        sampled_rows = [i for i, p in enumerate(params) if not p.is_greedy]
+
+        if len(sampled_rows) == batch:
+            token_ids = self._race(processed, seeds, sample_indices)
+        else:
+            token_ids = processed.argmax(dim=-1)
+            if sampled_rows:
+                idx = torch.tensor(sampled_rows, dtype=torch.int64, device=logits.device)
+                chosen = self._race(
+                    processed.index_select(0, idx),
+                    [seeds[i] for i in sampled_rows],
+                    [sample_indices[i] for i in sampled_rows],
+                )
+                token_ids = token_ids.index_copy(0, idx, chosen)
+
+        if not want_logprobs:
+            return SamplerOutput(token_ids, None, None, None)
+
+        raw_logprobs = torch.log_softmax(logits.to(torch.float32), dim=-1)
+        chosen_lp = raw_logprobs.gather(1, token_ids.unsqueeze(1)).squeeze(1)
+        k = min(max(p.logprobs or 0 for p in params), logits.shape[1])
+        top_ids = top_lp = None
+        if k > 0:
+            top_lp, top_ids = torch.topk(raw_logprobs, k, dim=-1, largest=True, sorted=True)
+        return SamplerOutput(token_ids, chosen_lp, top_ids, top_lp)
+
+    # ------------------------------------------------------------------ logits pipeline
+
+    def process_logits(
+        self,
+        logits: torch.Tensor,
+        params: list[SamplingParams],
+        prompt_token_ids: list[list[int]],
+        output_token_ids: list[list[int]],
+    ) -> torch.Tensor:
+        """[B, V] float32 logits each row samples from (a new tensor; input untouched).
+
+        Greedy rows: penalized logits. Sampled rows: penalized, divided by temperature,
+        with tokens removed by top_k / top_p / min_p set to -inf.
+        """
+        self._check(logits, params, prompt_token_ids, output_token_ids)
+        x = logits.to(torch.float32)
+        if any(p.has_penalties for p in params):
+            x = self._apply_penalties(x, params, prompt_token_ids, output_token_ids)
+        if all(p.is_greedy for p in params):
+            return x.clone() if x.data_ptr() == logits.data_ptr() else x
+
+        device = x.device
+        # Greedy rows ride along with neutral settings (T=1, nothing masked); their
+        # values are restored at the end.
+        greedy = [p.is_greedy for p in params]
+        temps = torch.tensor(
+            [1.0 if p.is_greedy else max(p.temperature, _MIN_TEMPERATURE) for p in params],
+            dtype=torch.float32, device=device,
+        ).unsqueeze(1)
+        scaled = x / temps
+
+        vocab = x.shape[1]
+        use_top_k = [not g and 0 < p.top_k < vocab for p, g in zip(params, greedy)]
+        use_top_p = [not g and p.top_p < 1.0 for p, g in zip(params, greedy)]
+        use_min_p = [not g and p.min_p > 0.0 for p, g in zip(params, greedy)]
+
+        sort_rows = [i for i in range(len(params)) if use_top_k[i] or use_top_p[i]]
+        if len(sort_rows) == len(params):
+            scaled = self._top_k_top_p(scaled, params, use_top_k, use_top_p)
+        elif sort_rows:  # sort only the rows that need it
+            idx = torch.tensor(sort_rows, dtype=torch.int64, device=device)
+            sub = self._top_k_top_p(
+                scaled.index_select(0, idx),
+                [params[i] for i in sort_rows],
+                [use_top_k[i] for i in sort_rows],
+                [use_top_p[i] for i in sort_rows],
+            )
+            scaled = scaled.index_copy(0, idx, sub)
+        if any(use_min_p):
+            # p_i < min_p * p_max  <=>  l_i < l_max + log(min_p)   (l: scaled logits)
+            log_min_p = torch.tensor(
+                [math.log(p.min_p) if m else -math.inf for p, m in zip(params, use_min_p)],
+                dtype=torch.float32, device=device,
+            ).unsqueeze(1)
+            row_max = scaled.amax(dim=-1, keepdim=True)
+            scaled = scaled.masked_fill(scaled < row_max + log_min_p, -math.inf)
+
+        if any(greedy):
+            greedy_mask = torch.tensor(greedy, dtype=torch.bool, device=device).unsqueeze(1)
+            scaled = torch.where(greedy_mask, x, scaled)
+        return scaled
+
+    @staticmethod
+    def _apply_penalties(
+        x: torch.Tensor,
+        params: list[SamplingParams],
+        prompt_token_ids: list[list[int]],
+        output_token_ids: list[list[int]],
+    ) -> torch.Tensor:
+        batch, vocab = x.shape
+        device = x.device
+
+        def flat_index(rows: list[int], lists: list[list[list[int]]]):
+            row_idx: list[int] = []
+            tok_idx: list[int] = []
+            for r in rows:
+                for tokens in lists:
+                    toks = tokens[r]
+                    tok_idx.extend(toks)
+                    row_idx.extend([r] * len(toks))
+            rt = torch.tensor(row_idx, dtype=torch.int64, device=device)
+            tt = torch.tensor(tok_idx, dtype=torch.int64, device=device)
+            # ids outside the output vocabulary (placeholders, padded embeddings) are ignored
+            ok = (tt >= 0) & (tt < vocab)
+            return rt[ok], tt[ok]
+
+        rep_rows = [i for i, p in enumerate(params) if p.repetition_penalty != 1.0]
+        if rep_rows:
+            r, t = flat_index(rep_rows, [prompt_token_ids, output_token_ids])
+            seen = torch.zeros((batch, vocab), dtype=torch.bool, device=device)
+            seen[r, t] = True
+            penalty = torch.tensor(
+                [p.repetition_penalty for p in params], dtype=torch.float32, device=device
+            ).unsqueeze(1)
+            penalized = torch.where(x < 0, x * penalty, x / penalty)
+            x = torch.where(seen, penalized, x)
+
+        out_rows = [
+            i for i, p in enumerate(params)
+            if p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+        ]
+        if out_rows:
+            r, t = flat_index(out_rows, [output_token_ids])
+            counts = torch.zeros((batch, vocab), dtype=torch.float32, device=device)
+            counts.index_put_((r, t), torch.ones_like(t, dtype=torch.float32), accumulate=True)
+            freq = torch.tensor(
+                [p.frequency_penalty for p in params], dtype=torch.float32, device=device
+            ).unsqueeze(1)
+            pres = torch.tensor(
+                [p.presence_penalty for p in params], dtype=torch.float32, device=device
+            ).unsqueeze(1)
+            x = x - freq * counts
+            x = x - pres * (counts > 0).to(torch.float32)
+        return x
+
+    @staticmethod
+    def _top_k_top_p(
+        scaled: torch.Tensor,
+        params: list[SamplingParams],
+        use_top_k: list[bool],
+        use_top_p: list[bool],
+    ) -> torch.Tensor:
+        device = scaled.device
+        vocab = scaled.shape[1]
+        # One stable descending sort serves both filters; rows that use neither are
+        # forced to keep everything, so their values do not depend on batch-mates.
+        sorted_vals, sorted_idx = torch.sort(scaled, dim=-1, descending=True, stable=True)
+        keep = torch.ones_like(sorted_vals, dtype=torch.bool)
+
+        if any(use_top_k):
+            k = torch.tensor(
+                [p.top_k if u else vocab for p, u in zip(params, use_top_k)],
+                dtype=torch.int64, device=device,
+            ).unsqueeze(1)
+            kth = sorted_vals.gather(1, k - 1)
+            active = torch.tensor(use_top_k, dtype=torch.bool, device=device).unsqueeze(1)
+            # HF semantics: ties with the k-th value are kept
+            keep = keep & ((sorted_vals >= kth) | ~active)
+
+        if any(use_top_p):
+            top_p = torch.tensor(
+                [p.top_p if u else 1.0 for p, u in zip(params, use_top_p)],
+                dtype=torch.float32, device=device,
+            ).unsqueeze(1)
+            probs = torch.softmax(sorted_vals.masked_fill(~keep, -math.inf), dim=-1)
+            cum = probs.cumsum(dim=-1)
+            exclusive = F.pad(cum[:, :-1], (1, 0))  # mass strictly before each token
+            active = torch.tensor(use_top_p, dtype=torch.bool, device=device).unsqueeze(1)
+            # keep a token while the mass before it is below top_p (the first always)
+            keep = keep & ((exclusive < top_p) | ~active)
+
+        keep_orig = torch.empty_like(keep).scatter_(1, sorted_idx, keep)
+        return scaled.masked_fill(~keep_orig, -math.inf)
+
+    # ------------------------------------------------------------------ the race
+
+    @staticmethod
+    def _race(scaled: torch.Tensor, seeds: list[int], sample_indices: list[int]) -> torch.Tensor:
+        """argmax(softmax(scaled) / E) with E ~ Exp(1) from the counter-based hash."""
+        keys = [row_key(int(s), int(i)) for s, i in zip(seeds, sample_indices)]
+        u = hash_uniform(keys, scaled.shape[1], scaled.device)
+        log_e = torch.log(-torch.log(u))
+        return (scaled.to(torch.float64) - log_e).argmax(dim=-1)
+
+    # ------------------------------------------------------------------ checks
+
+    @staticmethod
+    def _check(
+        logits: torch.Tensor,
+        params: list[SamplingParams],
+        prompt_token_ids: list[list[int]],
+        output_token_ids: list[list[int]],
+    ) -> int:
+        if logits.dim() != 2:
+            raise ValueError(f"logits must be [B, V], got shape {tuple(logits.shape)}")
+        if not logits.is_floating_point():
+            raise ValueError(f"logits must be a float tensor, got {logits.dtype}")
+        batch = logits.shape[0]
+        for name, seq in (
+            ("params", params),
+            ("prompt_token_ids", prompt_token_ids),
+            ("output_token_ids", output_token_ids),
+        ):
+            if len(seq) != batch:
+                raise ValueError(f"{name} has {len(seq)} entries for {batch} rows")
+        return batch

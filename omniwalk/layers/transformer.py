@@ -1,0 +1,121 @@
+"""Decoder-only transformer (Llama / Qwen3) over a flat ragged batch of tokens.
+
+There is no batch dimension: a forward pass takes the `num_tokens` new tokens of every
+sequence in the batch, concatenated, with their absolute `positions`. Which token belongs
+to which sequence, and what each one may attend to, is the business of the
+`PagedAttention` passed in; the modules here only see `[num_tokens, ...]` tensors.
+
+Module and parameter names equal the Hugging Face ones (`model.layers.0.self_attn.q_proj.weight`),
+so checkpoints load by name.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from omniwalk.engine.attention import PagedAttention
+from omniwalk.layers.config import DecoderConfig
+from omniwalk.layers.mlp import GatedMLP
+from omniwalk.layers.norm import RMSNorm
+from omniwalk.layers.rotary import RotaryEmbedding, apply_rotary
+
+
+class DecoderAttention(nn.Module):
+    """Grouped-query self-attention with optional per-head QK norm (Qwen3) and bias."""
+
+    def __init__(self, config: DecoderConfig, layer_index: int):
+        super().__init__()
+        self.layer_index = layer_index  # which KV-cache layer this module writes
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.scale = config.head_dim ** -0.5
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(config.hidden_size, config.q_size, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, config.kv_size, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, config.kv_size, bias=bias)
+        self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=bias)
+        if config.qk_norm:
+            self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def forward(
+        self,
+        x: torch.Tensor,        # [num_tokens, hidden]
+        cos: torch.Tensor,      # [num_tokens, rotary_dim]
+        sin: torch.Tensor,      # [num_tokens, rotary_dim]
+        attention: PagedAttention,
+    ) -> torch.Tensor:          # [num_tokens, hidden]
+        num_tokens = x.shape[0]
+        q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            # Qwen3 normalizes each head before the rotation
+            q = self.q_norm(q)
+            k = self.k_norm(k)
+        q = apply_rotary(q, cos, sin)
+        k = apply_rotary(k, cos, sin)
+        out = attention.forward(self.layer_index, q, k, v, self.scale)  # [num_tokens, heads, head_dim]
+        return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, config: DecoderConfig, layer_index: int):
+        super().__init__()
+        self.self_attn = DecoderAttention(config, layer_index)
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                attention: PagedAttention) -> torch.Tensor:  # x: [num_tokens, hidden]
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attention)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderModel(nn.Module):
+    """Embedding, the layer stack and the final norm: HF's `model.` prefix."""
+
+    def __init__(self, config: DecoderConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(config.rotary_dim, config.rope_theta, config.rope_scaling)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                attention: PagedAttention) -> torch.Tensor:
+        # input_ids, positions: [num_tokens] -> hidden: [num_tokens, hidden]
+        cos, sin = self.rotary_emb(positions)  # once per pass, shared by all layers
+        x = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            x = layer(x, cos, sin, attention)
+        return self.norm(x)
+
+
+class CausalLM(nn.Module):
+    """Decoder plus LM head. `forward` returns hidden states; the caller picks the rows it
+    needs logits for (usually each sequence's last token) and calls `compute_logits`."""
+
+    def __init__(self, config: DecoderConfig):
+        super().__init__()
+        self.config = config
+        self.model = DecoderModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                attention: PagedAttention) -> torch.Tensor:
+        # input_ids, positions: [num_tokens] int64 -> hidden: [num_tokens, hidden]
+        return self.model(input_ids, positions, attention)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        # hidden: [num_rows, hidden] -> logits: [num_rows, vocab] fp32
+        return self.lm_head(hidden).float()

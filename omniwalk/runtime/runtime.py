@@ -1,0 +1,377 @@
+"""The runtime: request lifecycle and continuous batching across nodes and walks.
+
+Scheduling model. A request is admitted when a running slot is free (`max_num_seqs`);
+each of its streams then steps through the walks its model's plan chooses. One `step()`:
+
+  1. admit waiting requests: budgets become loop caps, streams are created;
+  2. advance every stream that can move without running a node: edges to the client,
+     keeps, pushes into other streams' buffers, loop control, and at a walk's end the
+     plan's choice of the next walk. A stream stops at the next node it must run;
+  3. for every node with streams waiting at it, form one batch: single-unit work
+     (decode steps) first, then by admission order, within the node's token budget and
+     batch size. Prefill work is chunked where the node allows it, so one batch mixes
+     prefill chunks and decode steps. A running stream whose resources do not fit
+     preempts the youngest stream holding state on that node (its work is recomputed);
+  4. run each batch; a call whose work is complete writes its outputs and moves on;
+     an exception fails only the requests it belongs to;
+  5. advance the streams that moved, and return this step's outputs per request.
+
+The runtime knows a model only through its `ModelGraph`, its plan and its node
+executors; stops and budgets are checked here, never in model code.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections import Counter, deque
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from omniwalk.graph.compiled import EmitToClient, EnterLoop, KeepValue, LoopBack, PushToStream, RunNode
+from omniwalk.graph.chunking import StreamBuffer
+from omniwalk.graph.model_graph import WAIT, ModelGraph, StreamView, WalkCall
+from omniwalk.runtime.executor import NodeCall, NodeExecutor
+from omniwalk.runtime.request import FinishReason, Request, RequestOutput, StreamParams
+from omniwalk.runtime.streams import RequestState, StreamState
+
+logger = logging.getLogger(__name__)
+
+
+class ServedModel(Protocol):
+    """What the runtime needs from a model."""
+
+    graph: ModelGraph
+    executors: dict[str, NodeExecutor]
+
+    def plan(self, view: StreamView) -> WalkCall | None | Any: ...
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 64                # requests running at once
+    max_num_batched_tokens: int = 2048    # work units per node batch
+    max_queue: int = 1024                 # requests waiting for admission
+
+    def __post_init__(self):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_queue"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+class QueueFullError(RuntimeError):
+    """The waiting queue is at `max_queue`: the caller should back off (HTTP 429)."""
+
+
+class Runtime:
+    def __init__(self, model: ServedModel, config: SchedulerConfig = SchedulerConfig()):
+        self.model = model
+        self.graph = model.graph
+        self.executors = model.executors
+        missing = set(self.graph.nodes) - set(self.executors)
+        if missing:
+            raise ValueError(f"no executor for node(s) {sorted(missing)}")
+        self.config = config
+        self.waiting: deque[Request] = deque()
+        self.running: dict[str, RequestState] = {}
+        self.at_node: dict[str, dict[int, StreamState]] = {name: {} for name in self.graph.nodes}
+        self.dirty: dict[int, StreamState] = {}
+        self.outputs: dict[str, RequestOutput] = {}
+        # counters the tests and /metrics read
+        self.walk_counts: Counter[str] = Counter()
+        self.node_batches: Counter[str] = Counter()
+        self.num_preemptions = 0
+        self._handles = itertools.count()
+        self._orders = itertools.count()
+
+    # ---------------------------------------------------------------- public API
+
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.running or any(r.request_id == request.request_id for r in self.waiting):
+            raise ValueError(f"duplicate request id {request.request_id!r}")
+        for name, spec in self.graph.streams.items():
+            params = request.streams.get(name)
+            if spec.budget is not None and (params is None or params.max_items is None):
+                raise ValueError(f"stream {name!r} needs an output limit")
+        unknown = set(request.streams) - set(self.graph.streams)
+        if unknown:
+            raise ValueError(f"unknown stream(s) {sorted(unknown)}")
+        if len(self.waiting) >= self.config.max_queue:
+            raise QueueFullError(f"{len(self.waiting)} requests already waiting (max_queue)")
+        self.waiting.append(request)
+
+    def abort(self, request_id: str) -> bool:
+        """Cancel a request wherever it is; frees everything it holds. False if unknown."""
+        for request in self.waiting:
+            if request.request_id == request_id:
+                self.waiting.remove(request)
+                out = self._output_for(request_id)
+                out.finished, out.finish_reason = True, FinishReason.ABORT
+                return True
+        state = self.running.get(request_id)
+        if state is None:
+            return False
+        self._end_request(state, FinishReason.ABORT)
+        return True
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running or self.outputs)
+
+    def step(self) -> list[RequestOutput]:
+        self._admit_waiting()
+        self._advance_dirty()
+        for node_name, waiting_here in self.at_node.items():
+            if waiting_here:
+                calls = self._form_batch(node_name, list(waiting_here.values()))
+                if calls:
+                    self._run_batch(node_name, calls)
+        self._advance_dirty()
+        outputs, self.outputs = list(self.outputs.values()), {}
+        return outputs
+
+    # ---------------------------------------------------------------- admission
+
+    def _admit_waiting(self) -> None:
+        while self.waiting and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting.popleft()
+            state = RequestState(request, next(self._orders))
+            for name, spec in self.graph.streams.items():
+                params = request.streams.get(name, StreamParams())
+                caps = {}
+                if spec.budget is not None:
+                    caps[spec.budget.loop] = max(0, params.max_items - spec.budget.items_before_loop)
+                edge = self.graph.edges_by_consumer.get(name)
+                stream = StreamState(
+                    handle=next(self._handles), name=name, spec=spec, params=params, owner=state,
+                    caps=caps, buffer=StreamBuffer(edge.policy) if edge else None,
+                )
+                state.streams[name] = stream
+                self.dirty[stream.handle] = stream
+            self.running[request.request_id] = state
+
+    # ---------------------------------------------------------------- advancing walks
+
+    def _advance_dirty(self) -> None:
+        while self.dirty:
+            _, stream = self.dirty.popitem()
+            if stream.owner.request_id in self.running and not stream.is_finished:
+                try:
+                    self._advance(stream)
+                except Exception as exc:  # a model plan or a node's prepare failed
+                    logger.exception("request %s failed while advancing", stream.owner.request_id)
+                    self._end_request(stream.owner, FinishReason.ERROR, error=f"{type(exc).__name__}: {exc}")
+
+    def _advance(self, stream: StreamState) -> None:
+        """Run the stream's instructions until it must wait for a node, a chunk, or ends."""
+        while not stream.is_finished:
+            walk = stream.walk
+            if walk is None:
+                if stream.finish_reason is not None or not self._start_next_walk(stream):
+                    if stream.finish_reason is not None:
+                        self._finish_stream(stream)
+                    return
+                continue
+            if stream.pc == len(walk.program):
+                stream.last_walk, stream.walk = walk.name, None
+                continue
+            instruction = walk.program[stream.pc]
+            if isinstance(instruction, RunNode):
+                self._arrive_at_node(stream, instruction.node.name, instruction.node.inputs)
+                return
+            self._run_instruction(stream, instruction)
+
+    def _run_instruction(self, stream: StreamState, instruction) -> None:
+        budget = stream.spec.budget
+        if isinstance(instruction, EmitToClient):
+            item = stream.env[instruction.value]
+            self._output_for(stream.owner.request_id).add(stream.name, instruction.modality, item)
+            if budget is not None and instruction.value == budget.value:
+                reason = stream.params.stop.check(item, stream.count, stream.limit)
+                stream.count += 1
+                if reason is not None and stream.finish_reason is None:
+                    stream.finish_reason = reason
+        elif isinstance(instruction, KeepValue):
+            stream.kept[instruction.value] = stream.env[instruction.value]
+        elif isinstance(instruction, PushToStream):
+            is_stop_item = (stream.finish_reason == FinishReason.STOP and budget is not None
+                            and instruction.value == budget.value)
+            if not is_stop_item:   # a stop item is counted, never rendered downstream
+                consumer = stream.owner.streams[instruction.stream]
+                consumer.buffer.push([stream.env[instruction.value]])
+                self._wake_consumer(consumer)
+        elif isinstance(instruction, EnterLoop):
+            stream.loop_counts[instruction.loop] = 0
+            if stream.finish_reason is not None or stream.caps.get(instruction.loop, 1) <= 0:
+                stream.pc = instruction.exit_pc
+                return
+        elif isinstance(instruction, LoopBack):
+            count = stream.loop_counts[instruction.loop] + 1
+            stream.loop_counts[instruction.loop] = count
+            for output, target in instruction.carry:
+                stream.env[target] = stream.env[output]
+            cap = stream.caps.get(instruction.loop)
+            if stream.finish_reason is None and (cap is None or count < cap):
+                stream.pc = instruction.body_pc
+                return
+        stream.pc += 1
+
+    def _start_next_walk(self, stream: StreamState) -> bool:
+        view = StreamView(stream.name, stream.owner.request.inputs, stream.last_walk, stream.kept)
+        if stream.buffer is not None:
+            if not stream.buffer.has_ready and not stream.buffer.final_delivered:
+                return False   # wait for the producer
+            view.chunk = stream.buffer.pop_ready()
+            view.input_closed = view.chunk is None
+        call = self.model.plan(view)
+        if call is None:
+            stream.finish_reason = stream.finish_reason or FinishReason.STOP
+            return False
+        if call is WAIT:
+            if stream.buffer is None or view.chunk is not None:
+                raise RuntimeError(f"plan of stream {stream.name!r} waited with nothing to wait for")
+            return False
+        walk = self.graph.compiled[call.walk]
+        missing = set(walk.inputs) - set(call.inputs)
+        if missing:
+            raise ValueError(f"plan started walk {call.walk!r} without input(s) {sorted(missing)}")
+        stream.walk, stream.pc, stream.env, stream.loop_counts = walk, 0, dict(call.inputs), {}
+        self.walk_counts[call.walk] += 1
+        return True
+
+    def _arrive_at_node(self, stream: StreamState, node: str, input_names) -> None:
+        if stream.call_inputs is None:
+            inputs = {name: stream.env[name] for name in input_names}
+            stream.touched_nodes.add(node)
+            self.executors[node].begin(stream, inputs)
+            stream.call_inputs = inputs
+        self.at_node[node][stream.handle] = stream
+
+    def _wake_consumer(self, consumer: StreamState) -> None:
+        if consumer.walk is None and not consumer.is_finished:
+            self.dirty[consumer.handle] = consumer
+
+    # ---------------------------------------------------------------- batching
+
+    def _form_batch(self, node: str, streams: list[StreamState]) -> list[NodeCall]:
+        executor = self.executors[node]
+        budget = self.config.max_num_batched_tokens
+        streams.sort(key=lambda s: (executor.pending_work(s) > 1, s.order))
+        calls: list[NodeCall] = []
+        chosen: set[int] = set()
+        for stream in streams:
+            if len(calls) >= executor.max_batch_size or budget <= 0:
+                break
+            work = executor.pending_work(stream)
+            num = min(work, budget) if executor.chunkable else work
+            if num > budget and calls:
+                continue
+            if not executor.can_reserve(stream, num) and executor.holds_state(stream):
+                self._preempt_younger(node, stream, num, chosen)
+            if not executor.can_reserve(stream, num):
+                continue   # waits for resources; never a crash
+            executor.reserve(stream, num)
+            calls.append(NodeCall(stream, stream.call_inputs, num))
+            chosen.add(stream.handle)
+            budget -= num
+        return calls
+
+    def _preempt_younger(self, node: str, stream: StreamState, num: int, chosen: set[int]) -> None:
+        executor = self.executors[node]
+        victims = sorted(
+            (s for state in self.running.values() for s in state.streams.values()
+             if s.order > stream.order and s.handle not in chosen and executor.holds_state(s)),
+            key=lambda s: s.order, reverse=True,
+        )
+        for victim in victims:
+            if executor.can_reserve(stream, num):
+                return
+            executor.preempt(victim)
+            self.num_preemptions += 1
+            logger.debug("preempted stream %s of %s on %s", victim.name, victim.owner.request_id, node)
+
+    def _run_batch(self, node: str, calls: list[NodeCall]) -> None:
+        executor = self.executors[node]
+        self.node_batches[node] += 1
+        try:
+            results = executor.run(calls)
+        except Exception:
+            if len(calls) == 1:
+                results = [self._run_alone(executor, calls[0])]
+            else:   # find who failed: each call alone; the others go on
+                logger.warning("batch of node %s failed; retrying its %d calls one by one", node, len(calls))
+                results = [self._run_alone(executor, call) for call in calls]
+        expected = self.graph.nodes[node].outputs
+        for call, outputs in zip(calls, results):
+            stream = call.stream
+            if outputs is None or outputs is _FAILED or stream.owner.request_id not in self.running:
+                continue
+            missing = [name for name in expected if name not in outputs]
+            if missing:
+                self._end_request(stream.owner, FinishReason.ERROR,
+                                  error=f"node {node!r} returned no {missing}")
+                continue
+            stream.env.update({name: outputs[name] for name in expected})
+            stream.call_inputs = None
+            stream.pc += 1
+            del self.at_node[node][stream.handle]
+            self.dirty[stream.handle] = stream
+
+    def _run_alone(self, executor: NodeExecutor, call: NodeCall):
+        try:
+            return executor.run([call])[0]
+        except Exception as exc:
+            logger.exception("request %s failed in a node", call.stream.owner.request_id)
+            self._end_request(call.stream.owner, FinishReason.ERROR, error=f"{type(exc).__name__}: {exc}")
+            return _FAILED
+
+    # ---------------------------------------------------------------- endings
+
+    def _finish_stream(self, stream: StreamState) -> None:
+        stream.is_finished = True
+        self._release(stream)
+        for consumer_name, edge in self.graph.edges_by_consumer.items():
+            if edge.producer == stream.name:
+                consumer = stream.owner.streams[consumer_name]
+                consumer.buffer.close()
+                self._wake_consumer(consumer)
+        if stream.owner.is_finished:
+            self._end_request(stream.owner, None)
+
+    def _release(self, stream: StreamState) -> None:
+        for node in stream.touched_nodes:
+            self.executors[node].release(stream)
+            self.at_node[node].pop(stream.handle, None)
+        stream.touched_nodes.clear()
+        self.dirty.pop(stream.handle, None)
+
+    def _end_request(self, state: RequestState, reason: str | None, error: str | None = None) -> None:
+        """Final record of a request; `reason` overrides the streams' own (abort, error)."""
+        if self.running.pop(state.request_id, None) is None:
+            return
+        for stream in state.streams.values():
+            self._release(stream)
+            if not stream.is_finished:
+                stream.is_finished = True
+                stream.finish_reason = reason or stream.finish_reason
+        out = self._output_for(state.request_id)
+        out.finished = True
+        out.error = error
+        out.stream_finish_reasons = {name: s.finish_reason or reason for name, s in state.streams.items()}
+        out.usage = {name: s.count for name, s in state.streams.items()}
+        out.finish_reason = reason or self._primary_finish_reason(state)
+
+    def _primary_finish_reason(self, state: RequestState) -> str:
+        for name in self.graph.entry_streams:
+            if self.graph.streams[name].budget is not None:
+                return state.streams[name].finish_reason
+        return state.streams[self.graph.entry_streams[0]].finish_reason
+
+    def _output_for(self, request_id: str) -> RequestOutput:
+        out = self.outputs.get(request_id)
+        if out is None:
+            out = self.outputs[request_id] = RequestOutput(request_id)
+        return out
+
+
+_FAILED = object()
