@@ -139,7 +139,7 @@ def _splitmix64(x: int) -> int:
 
 def row_key(seed: int, sample_index: int) -> int:
     """The 64-bit key of one sampling event."""
-    return _splitmix64(seed & _MASK64)
+    return _splitmix64((_splitmix64(seed & _MASK64) + (sample_index & _MASK64)) & _MASK64)
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:

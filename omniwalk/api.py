@@ -1,0 +1,357 @@
+"""`omniwalk.Engine`: the in-process face of the runtime (the HTTP server is a thin layer on it).
+
+The runtime is single-threaded; a loop thread owns it (and the device). Callers talk to
+it through a command queue and get results through per-request streams, from plain
+threads or from asyncio:
+
+    engine = Engine(EngineArgs("tiny-qwen3"))
+    [result] = engine.generate(["Hello"], max_tokens=8)
+    for chunk in engine.stream("Hello", max_tokens=8): ...
+    async for chunk in engine.stream_async(GenerationRequest(prompt="Hello")): ...
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import random
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from typing import AsyncIterator, Iterator
+
+from omniwalk.detokenizer import IncrementalDetokenizer, StopStringMatcher
+from omniwalk.engine.causal_lm_executor import TokenLogprobs
+from omniwalk.engine.sampler import SamplingParams
+from omniwalk.loading import EngineArgs, LoadedModel, load_model
+from omniwalk.models.text_lm import TEXT_STREAM, TextGenerationModel
+from omniwalk.runtime import (
+    FinishReason, QueueFullError, Request, RequestOutput, Runtime, SchedulerConfig, StopConfig, StreamParams,
+)
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Engine", "EngineArgs", "GenerationChunk", "GenerationRequest", "GenerationResult", "QueueFullError"]
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One text generation. Exactly one of `prompt` / `prompt_token_ids`."""
+
+    prompt: str | None = None
+    prompt_token_ids: list[int] | None = None
+    max_tokens: int | None = 16          # None: up to the end of the context
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    sampling: SamplingParams = SamplingParams(temperature=0.0)
+
+    def __post_init__(self):
+        if (self.prompt is None) == (self.prompt_token_ids is None):
+            raise ValueError("give exactly one of prompt and prompt_token_ids")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) exceeds max_tokens ({self.max_tokens})")
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int
+    output_tokens: int
+
+
+@dataclass
+class GenerationChunk:
+    """What one request produced in one engine step. The last chunk has `finished` set."""
+
+    request_id: str
+    token_ids: list[int]
+    text: str
+    logprobs: list[TokenLogprobs | None]
+    finished: bool = False
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    error: str | None = None
+
+
+@dataclass
+class GenerationResult:
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+    usage: Usage
+    logprobs: list[TokenLogprobs | None]
+    error: str | None = None
+
+
+class RequestStream:
+    """Chunks of one request as they are produced; iterate it (sync or async) or abort it."""
+
+    def __init__(self, engine: "Engine", request_id: str, prompt_token_ids: list[int],
+                 loop: asyncio.AbstractEventLoop | None):
+        self.engine = engine
+        self.request_id = request_id
+        self.prompt_token_ids = prompt_token_ids
+        self._loop = loop
+        self._queue: queue.SimpleQueue | asyncio.Queue = asyncio.Queue() if loop else queue.SimpleQueue()
+        self.finished = False
+
+    def _put(self, chunk: GenerationChunk) -> None:   # called from the loop thread
+        if self._loop is None:
+            self._queue.put(chunk)
+        elif not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, chunk)
+
+    def __iter__(self) -> Iterator[GenerationChunk]:
+        while not self.finished:
+            chunk = self._queue.get()
+            self.finished = chunk.finished
+            yield chunk
+
+    async def __aiter__(self) -> AsyncIterator[GenerationChunk]:
+        try:
+            while not self.finished:
+                chunk = await self._queue.get()
+                self.finished = chunk.finished
+                yield chunk
+        finally:
+            if not self.finished:   # the consumer went away (client disconnect): free everything
+                self.abort()
+
+    def abort(self) -> None:
+        self.engine.abort(self.request_id)
+
+    def result(self) -> GenerationResult:
+        ids, texts, logprobs = [], [], []
+        last = None
+        for last in self:
+            ids += last.token_ids
+            texts.append(last.text)
+            logprobs += last.logprobs
+        return GenerationResult(self.request_id, self.prompt_token_ids, ids, "".join(texts),
+                                last.finish_reason, last.usage, logprobs, last.error)
+
+
+class _Tracker:
+    """Output processing of one request on the loop thread: text, stop strings, final record."""
+
+    def __init__(self, stream: RequestStream, tokenizer, stop: list[str], eos_like: frozenset[int]):
+        self.stream = stream
+        self.detokenizer = IncrementalDetokenizer(tokenizer)
+        self.matcher = StopStringMatcher(stop)
+        self.stop_ids = eos_like
+        self.num_ids = 0
+        self.stopped_by_string = False
+
+    def process(self, out: RequestOutput) -> GenerationChunk:
+        ids = [] if self.stopped_by_string else out.items.get((TEXT_STREAM, "tokens"), [])
+        logprobs = [] if self.stopped_by_string else out.items.get((TEXT_STREAM, "logprobs"), [])
+        text = []
+        for position, token in enumerate(ids):
+            is_stop_item = out.finished and out.finish_reason == FinishReason.STOP and position == len(ids) - 1 \
+                and token in self.stop_ids
+            if is_stop_item:       # counted and returned as an id, never rendered
+                continue
+            text.append(self.matcher.feed(self.detokenizer.add(token)))
+            if self.matcher.matched:
+                # ids end at the token that completed the stop string (as vLLM)
+                ids, logprobs = ids[: position + 1], logprobs[: position + 1]
+                self.stopped_by_string = True
+                break
+        self.num_ids += len(ids)
+        finished = out.finished or self.stopped_by_string
+        if finished:
+            text.append(self.matcher.feed(self.detokenizer.flush(), final=True))
+        chunk = GenerationChunk(self.stream.request_id, list(ids), "".join(text), list(logprobs))
+        if finished:
+            chunk.finished = True
+            chunk.finish_reason = FinishReason.STOP if self.stopped_by_string else out.finish_reason
+            chunk.error = None if self.stopped_by_string else out.error
+            chunk.usage = Usage(len(self.stream.prompt_token_ids), self.num_ids)
+        return chunk
+
+
+class Engine:
+    """Loads a model and serves generations from a background loop thread."""
+
+    def __init__(self, args: EngineArgs = EngineArgs(), loaded: LoadedModel | None = None):
+        self.args = args
+        self.loaded = loaded or load_model(args)
+        self.tokenizer = self.loaded.tokenizer
+        self.model: TextGenerationModel = self.loaded.served
+        self.runtime = Runtime(self.model, SchedulerConfig(
+            args.max_num_seqs, args.max_num_batched_tokens, args.max_queue))
+        self._seeds = random.Random(args.seed)
+        self._ids = itertools.count()
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._trackers: dict[str, _Tracker] = {}
+        self._lock = threading.Lock()
+        self._wakeup = threading.Event()
+        self._stopping = False
+        self.loop_error: BaseException | None = None
+        self.last_heartbeat = time.monotonic()
+        self.steps = 0
+        self._thread = threading.Thread(target=self._loop, name="omniwalk-engine-loop", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------ submitting
+
+    @property
+    def max_model_len(self) -> int:
+        return self.loaded.max_model_len
+
+    def tokenize(self, request: GenerationRequest) -> list[int]:
+        if request.prompt_token_ids is not None:
+            ids = list(request.prompt_token_ids)
+            vocab = self.loaded.config.vocab_size
+            bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < vocab]
+            if bad:
+                raise ValueError(f"prompt_token_ids has id(s) outside the vocabulary [0, {vocab}): {bad[:5]}")
+        else:
+            ids = self.tokenizer.encode(request.prompt, add_special_tokens=True)
+        if not ids:
+            raise ValueError("the prompt is empty")
+        return ids
+
+    def submit(self, request: GenerationRequest, request_id: str | None = None,
+               loop: asyncio.AbstractEventLoop | None = None) -> RequestStream:
+        """Validate and enqueue. Raises ValueError (bad input) or QueueFullError (server full)."""
+        if self.loop_error is not None:
+            raise RuntimeError(f"the engine loop died: {self.loop_error!r}")
+        prompt_ids = self.tokenize(request)
+        room = self.max_model_len - len(prompt_ids)
+        if room < 1:
+            raise ValueError(f"the prompt has {len(prompt_ids)} tokens; the context holds {self.max_model_len}")
+        max_tokens = request.max_tokens if request.max_tokens is not None else room
+        if max_tokens > room:
+            raise ValueError(f"max_tokens ({max_tokens}) + prompt ({len(prompt_ids)} tokens) exceeds the "
+                             f"context length {self.max_model_len}")
+        capacity = self.loaded.kv_capacity_tokens
+        if len(prompt_ids) + max_tokens > capacity:
+            raise ValueError(f"prompt + max_tokens ({len(prompt_ids) + max_tokens}) exceeds the KV cache "
+                             f"({capacity} tokens)")
+        sampling = request.sampling
+        seed = sampling.seed if sampling.seed is not None else self._seeds.getrandbits(63)
+        stop = StopConfig(
+            eos_ids=self.loaded.eos_token_ids, stop_ids=frozenset(request.stop_token_ids),
+            ignore_eos=request.ignore_eos, min_items=request.min_tokens,
+        )
+        request_id = request_id or f"req-{next(self._ids)}"
+        stream = RequestStream(self, request_id, prompt_ids, loop)
+        runtime_request = Request(
+            request_id, TextGenerationModel.make_request(prompt_ids),
+            {TEXT_STREAM: StreamParams(max_tokens, stop, sampling, seed)}, arrival=time.monotonic(),
+        )
+        with self._lock:
+            if request_id in self._trackers:
+                raise ValueError(f"duplicate request id {request_id!r}")
+            if len(self._trackers) >= self.args.max_num_seqs + self.args.max_queue:
+                raise QueueFullError(f"server full: {len(self._trackers)} requests in flight")
+            self._trackers[request_id] = _Tracker(stream, self.tokenizer, request.stop, stop.stopping_ids())
+        self._commands.put(("add", runtime_request))
+        self._wakeup.set()
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        self._commands.put(("abort", request_id))
+        self._wakeup.set()
+
+    # ------------------------------------------------------------ conveniences
+
+    def _as_request(self, prompt, overrides) -> GenerationRequest:
+        if isinstance(prompt, GenerationRequest):
+            return replace(prompt, **overrides) if overrides else prompt
+        sampling_fields = set(SamplingParams.__dataclass_fields__)
+        sampling = {k: overrides.pop(k) for k in list(overrides) if k in sampling_fields}
+        sampling.setdefault("temperature", 0.0)
+        key = "prompt_token_ids" if isinstance(prompt, list) else "prompt"
+        return GenerationRequest(**{key: prompt}, sampling=SamplingParams(**sampling), **overrides)
+
+    def generate(self, prompts, **options) -> list[GenerationResult]:
+        """Generate for each prompt (str, list of ids, or GenerationRequest), batched together."""
+        streams = [self.submit(self._as_request(p, dict(options))) for p in prompts]
+        return [stream.result() for stream in streams]
+
+    def stream(self, prompt, **options) -> RequestStream:
+        return self.submit(self._as_request(prompt, dict(options)))
+
+    def stream_async(self, request: GenerationRequest, request_id: str | None = None) -> RequestStream:
+        return self.submit(request, request_id, loop=asyncio.get_running_loop())
+
+    def shutdown(self) -> None:
+        self._stopping = True
+        self._wakeup.set()
+        self._thread.join(timeout=10)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.shutdown()
+
+    @property
+    def is_alive(self) -> bool:
+        return self._thread.is_alive() and self.loop_error is None
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._trackers)
+
+    # ------------------------------------------------------------ the loop thread
+
+    def _loop(self) -> None:
+        try:
+            while not self._stopping:
+                self.last_heartbeat = time.monotonic()
+                self._take_commands()
+                if not self.runtime.has_unfinished:
+                    self._wakeup.wait(timeout=0.5)
+                    self._wakeup.clear()
+                    continue
+                for out in self.runtime.step():
+                    self._deliver(out)
+                self.steps += 1
+        except BaseException as exc:   # keep the process up; /health reports it
+            logger.exception("engine loop died")
+            self.loop_error = exc
+            for request_id in list(self._trackers):
+                self._deliver(RequestOutput(request_id, finished=True, finish_reason=FinishReason.ERROR,
+                                            error=f"engine loop died: {exc!r}"))
+
+    def _take_commands(self) -> None:
+        while True:
+            try:
+                kind, payload = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "add":
+                try:
+                    self.runtime.add_request(payload)
+                except (ValueError, QueueFullError) as exc:
+                    self._deliver(RequestOutput(payload.request_id, finished=True,
+                                                finish_reason=FinishReason.ERROR, error=str(exc)))
+            elif kind == "abort":
+                # the runtime's final record comes out of the next step
+                if not self.runtime.abort(payload):
+                    self._deliver(RequestOutput(payload, finished=True, finish_reason=FinishReason.ABORT))
+
+    def _deliver(self, out: RequestOutput) -> None:
+        tracker = self._trackers.get(out.request_id)
+        if tracker is None:
+            return
+        chunk = tracker.process(out)
+        if chunk.finished:
+            with self._lock:
+                self._trackers.pop(out.request_id, None)
+            if tracker.stopped_by_string and not out.finished:
+                self.runtime.abort(out.request_id)
+                self.runtime.outputs.pop(out.request_id, None)
+        tracker.stream._put(chunk)

@@ -1,0 +1,151 @@
+"""Turn a model name (built-in or local Hugging Face folder) into a served text model."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from omniwalk.engine.kv_cache import KVCacheShape, PagedKVCache
+from omniwalk.layers.config import DecoderConfig
+from omniwalk.layers.transformer import CausalLM
+from omniwalk.models.loader import init_random_weights, load_checkpoint_weights, read_hf_config
+from omniwalk.models.registry import BUILTIN_MODELS, FAMILIES, TINY_TOKENIZER, family_for_model_type
+from omniwalk.models.text_lm import TextGenerationModel
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineArgs:
+    """How to load and run one model. Validated once here; nothing writes back into it."""
+
+    model: str = "tiny-qwen3"
+    dtype: str = "auto"                 # auto: float32 on CPU, bfloat16 on CUDA
+    device: str = "auto"                # auto: cuda if available
+    load_format: str = "auto"           # auto: weights from the folder; dummy: random at its shape
+    seed: int = 0                       # random weights and the seeds of unseeded requests
+    page_size: int = 16
+    kv_cache_tokens: int | None = None  # None: 65536 on CPU, from free memory on GPU
+    gpu_memory_utilization: float = 0.9
+    max_model_len: int | None = None    # None: the model's max_position_embeddings
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_queue: int = 1024
+
+    def __post_init__(self):
+        if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
+            raise ValueError(f"dtype must be auto, float32, float16 or bfloat16, got {self.dtype!r}")
+        if self.load_format not in ("auto", "dummy"):
+            raise ValueError(f"load_format must be auto or dummy, got {self.load_format!r}")
+        for name in ("page_size", "max_num_seqs", "max_num_batched_tokens", "max_queue"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if self.kv_cache_tokens is not None and self.kv_cache_tokens < self.page_size:
+            raise ValueError("kv_cache_tokens must hold at least one page")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError("gpu_memory_utilization must be in (0, 1]")
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    served: TextGenerationModel
+    config: DecoderConfig
+    tokenizer: object
+    device: torch.device
+    dtype: torch.dtype
+    max_model_len: int
+    eos_token_ids: frozenset[int]
+    random_weights: bool
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.served.cache.shape.capacity_tokens
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, dtype)
+
+
+def load_tokenizer(folder: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder))
+
+
+def _generation_eos(folder: Path, config: DecoderConfig) -> frozenset[int]:
+    """EOS ids as HF `generate` uses them: generation_config.json first, then config.json."""
+    path = folder / "generation_config.json"
+    if path.is_file():
+        eos = json.loads(path.read_text()).get("eos_token_id")
+        if eos is not None:
+            return frozenset([eos] if isinstance(eos, int) else eos)
+    return frozenset(config.eos_token_ids)
+
+
+def load_model(args: EngineArgs) -> LoadedModel:
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    random_weights = True
+    if args.model in BUILTIN_MODELS:
+        family = FAMILIES[BUILTIN_MODELS[args.model]]
+        tokenizer = load_tokenizer(TINY_TOKENIZER)
+        config = family.tiny_config(len(tokenizer))
+        eos = frozenset(config.eos_token_ids) | {tokenizer.convert_tokens_to_ids("<|im_end|>")}
+        folder = None
+    elif Path(args.model).is_dir():
+        folder = Path(args.model)
+        hf_config = read_hf_config(folder)
+        family = family_for_model_type(hf_config.get("model_type", ""))
+        config = family.config_from_hf(hf_config)
+        tokenizer = load_tokenizer(folder)
+        eos = _generation_eos(folder, config)
+        random_weights = args.load_format == "dummy"
+    else:
+        raise ValueError(f"unknown model {args.model!r}: not a built-in ({', '.join(sorted(BUILTIN_MODELS))}) "
+                         f"and not a local checkpoint folder")
+
+    with torch.device(device):
+        lm = CausalLM(config).to(dtype)
+    if random_weights:
+        init_random_weights(lm, args.seed)
+    else:
+        load_checkpoint_weights(lm, folder)
+    lm.eval()
+
+    max_model_len = min(config.max_position_embeddings, args.max_model_len or config.max_position_embeddings)
+    shape = _kv_cache_shape(args, config, device, dtype)
+    cache = PagedKVCache(shape, dtype, device)
+    served = TextGenerationModel(lm, cache, max_batch_size=args.max_num_seqs)
+    logger.info("loaded %s (%s, %s on %s%s); KV cache: %d tokens in %d pages of %d",
+                args.model, family.name, dtype, device, ", random weights" if random_weights else "",
+                shape.capacity_tokens, shape.num_pages, shape.page_size)
+    return LoadedModel(args.model, served, config, tokenizer, device, dtype, max_model_len, eos, random_weights)
+
+
+def _kv_cache_shape(args: EngineArgs, config: DecoderConfig, device: torch.device, dtype) -> KVCacheShape:
+    per_page = KVCacheShape(config.num_layers, config.num_kv_heads, config.head_dim, args.page_size, 1)
+    if args.kv_cache_tokens is not None:
+        num_pages = -(-args.kv_cache_tokens // args.page_size)
+    elif device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        budget = free - (1 - args.gpu_memory_utilization) * total
+        num_pages = int(budget // per_page.bytes_per_page(dtype))
+        if num_pages < 1:
+            raise RuntimeError(f"no GPU memory left for the KV cache ({free / 2**30:.1f} GiB free); "
+                               f"raise --gpu-memory-utilization or use a smaller model")
+    else:
+        num_pages = 65536 // args.page_size
+    return KVCacheShape(config.num_layers, config.num_kv_heads, config.head_dim, args.page_size, num_pages)

@@ -1,0 +1,40 @@
+"""Model families and built-in tiny models, by name.
+
+A family is one folder under `omniwalk/models/`; adding one touches nothing else but a
+line here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from omniwalk.layers.config import DecoderConfig
+from omniwalk.models import llama, qwen3
+
+TINY_TOKENIZER = Path(__file__).parent / "assets" / "tiny-tokenizer"
+
+
+@dataclass(frozen=True)
+class TextFamily:
+    name: str
+    hf_model_types: tuple[str, ...]
+    config_from_hf: Callable[[dict], DecoderConfig]
+    tiny_config: Callable[[int], DecoderConfig]
+
+
+FAMILIES: dict[str, TextFamily] = {
+    "qwen3": TextFamily("qwen3", ("qwen3",), qwen3.config_from_hf, qwen3.tiny_config),
+    "llama": TextFamily("llama", ("llama",), llama.config_from_hf, llama.tiny_config),
+}
+
+BUILTIN_MODELS: dict[str, str] = {f"tiny-{name}": name for name in FAMILIES}
+
+
+def family_for_model_type(model_type: str) -> TextFamily:
+    for family in FAMILIES.values():
+        if model_type in family.hf_model_types:
+            return family
+    known = sorted(t for f in FAMILIES.values() for t in f.hf_model_types)
+    raise ValueError(f"unsupported model_type {model_type!r}; supported: {known}")

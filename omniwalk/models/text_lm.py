@@ -1,0 +1,60 @@
+"""The walks of a text-generating decoder (Qwen3, Llama, and any backbone like them).
+
+    prefill:  backbone(prompt tokens) -> token   ToClient, Keep      (first item)
+    decode:   Loop "decode" [ backbone(token) -> token   ToClient ]  (cap N - 1)
+
+The plan: prefill first, then decode from the kept token, then done. Budgets and stops
+are the runtime's: with N = 1 the stream finishes at its prefill and no decode runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from omniwalk.engine.causal_lm_executor import CausalLMExecutor
+from omniwalk.engine.kv_cache import PagedKVCache
+from omniwalk.graph import (
+    BudgetSpec, Keep, Loop, ModelGraph, Node, Sequential, StreamSpec, StreamView, ToClient, Walk, WalkCall,
+)
+
+TEXT_STREAM = "text"
+
+BACKBONE = Node("backbone", inputs=("tokens",), outputs=("token", "logprobs"), stateful=True)
+
+
+def text_generation_graph() -> ModelGraph:
+    emit = (ToClient("token", "tokens"), ToClient("logprobs", "logprobs"))
+    prefill = Walk("prefill", ("tokens",), Sequential(BACKBONE, *emit, Keep("token")))
+    decode = Walk("decode", ("tokens",), Loop("decode", Sequential(BACKBONE, *emit), carry={"token": "tokens"}))
+    return ModelGraph([prefill, decode], [StreamSpec(TEXT_STREAM, BudgetSpec("token", loop="decode"))])
+
+
+@dataclass(frozen=True)
+class TextPrompt:
+    """The preprocessed request of a text model."""
+
+    token_ids: list[int]
+
+
+class TextGenerationModel:
+    """A decoder LM served through the runtime (implements `ServedModel`)."""
+
+    def __init__(self, lm: torch.nn.Module, cache: PagedKVCache, *, max_batch_size: int = 256):
+        self.lm = lm
+        self.cache = cache
+        self.graph = text_generation_graph()
+        self.executors = {BACKBONE.name: CausalLMExecutor(lm, cache, max_batch_size=max_batch_size)}
+
+    def plan(self, view: StreamView) -> WalkCall | None:
+        if view.last_walk is None:
+            return WalkCall("prefill", {"tokens": view.request.token_ids})
+        if view.last_walk == "prefill":
+            return WalkCall("decode", {"tokens": view.kept["token"]})
+        return None
+
+    @staticmethod
+    def make_request(token_ids: list[int]) -> Any:
+        return TextPrompt(list(token_ids))
