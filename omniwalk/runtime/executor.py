@@ -44,7 +44,10 @@ class NodeExecutor:
         pass
 
     def run(self, calls: list[NodeCall]) -> list[dict[str, Any] | None]:
-        """Outputs per call, or None where only part of the call's work was done."""
+        """Outputs per call, or None where only part of the call's work was done.
+
+        If it raises, it must leave every stream's state as it was: the runtime then
+        retries the calls one by one to find the request at fault."""
         raise NotImplementedError
 
     def holds_state(self, stream: "StreamState") -> bool:
@@ -71,7 +74,13 @@ class FunctionExecutor(NodeExecutor):
         self.states: dict[int, dict] = {}
 
     def run(self, calls: list[NodeCall]) -> list[dict[str, Any]]:
-        return [self.fn(self.states.setdefault(call.stream.handle, {}), call.inputs) for call in calls]
+        # Work on copies and commit at the end: a failed batch is retried call by call,
+        # so a half-run batch must leave no trace.
+        new_states = [dict(self.states.get(call.stream.handle, {})) for call in calls]
+        outputs = [self.fn(state, call.inputs) for state, call in zip(new_states, calls)]
+        for state, call in zip(new_states, calls):
+            self.states[call.stream.handle] = state
+        return outputs
 
     def holds_state(self, stream) -> bool:
         return stream.handle in self.states

@@ -1,0 +1,207 @@
+"""End to end through `omniwalk.Engine`: the budget contract, HF `generate` parity,
+batching invariance, preemption and cancellation, for the text families."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from omniwalk import Engine, EngineArgs, GenerationRequest, SamplingParams
+from omniwalk.loading import load_model
+
+TOKENIZER_DIR = Path(__file__).parents[2] / "omniwalk" / "models" / "assets" / "tiny-tokenizer"
+PROMPTS = ["The quick brown fox", "Once upon a time, in a land far away,", "1 2 3"]
+
+
+@pytest.fixture(scope="module", params=["tiny-qwen3", "tiny-llama"])
+def engine(request):
+    with Engine(EngineArgs(request.param, max_num_batched_tokens=64)) as engine:
+        yield engine
+
+
+def greedy(max_tokens, **kw):
+    return dict(max_tokens=max_tokens, temperature=0.0, **kw)
+
+
+# ---------------------------------------------------------------- budget contract
+
+@pytest.mark.parametrize("n", [1, 2, 3, 64])
+def test_exactly_n_tokens_with_ignore_eos(engine, n):
+    before = dict(engine.runtime.walk_counts)
+    [result] = engine.generate(["Hello there"], **greedy(n, ignore_eos=True))
+    assert len(result.token_ids) == n and result.usage.output_tokens == n
+    assert result.finish_reason == "length"
+    streamed = list(engine.stream("Hello there", **greedy(n, ignore_eos=True)))
+    assert [t for c in streamed for t in c.token_ids] == result.token_ids
+    assert "".join(c.text for c in streamed) == result.text
+    assert streamed[-1].finished and streamed[-1].usage.output_tokens == n
+    decodes = engine.runtime.walk_counts["decode"] - before.get("decode", 0)
+    prefills = engine.runtime.walk_counts["prefill"] - before.get("prefill", 0)
+    assert prefills == 2
+    assert decodes == (0 if n == 1 else 2)   # N = 1 ends at its prefill: no decode walk at all
+
+
+def test_eos_the_model_emits_stops_and_counts(engine):
+    [free] = engine.generate(["Hello there"], **greedy(12, ignore_eos=True))
+    eos = free.token_ids[3]
+    first = free.token_ids.index(eos)
+    loaded = dataclasses.replace(engine.loaded, eos_token_ids=frozenset({eos}))
+    with Engine(engine.args, loaded=loaded) as with_eos:
+        for stream in (False, True):
+            if stream:
+                chunks = list(with_eos.stream("Hello there", **greedy(12)))
+                ids = [t for c in chunks for t in c.token_ids]
+                final = chunks[-1]
+            else:
+                final = with_eos.generate(["Hello there"], **greedy(12))[0]
+                ids = final.token_ids
+            assert ids == free.token_ids[: first + 1]          # ends at the EOS, EOS included
+            assert final.finish_reason == "stop"
+            assert final.usage.output_tokens == first + 1
+        # ignore_eos overrides the EOS; min_tokens suppresses it (as HF/vLLM)
+        [ignored] = with_eos.generate(["Hello there"], **greedy(12, ignore_eos=True))
+        assert ignored.token_ids == free.token_ids and ignored.finish_reason == "length"
+        [late] = with_eos.generate(["Hello there"], **greedy(12, min_tokens=first + 2))
+        assert len(late.token_ids) >= first + 2 and eos not in late.token_ids[: first + 2]
+
+
+def test_stop_token_ids_and_stop_strings(engine):
+    [free] = engine.generate(["Hello there"], **greedy(10, ignore_eos=True))
+    stop_id = free.token_ids[2]
+    [stopped] = engine.generate(["Hello there"], **greedy(10, stop_token_ids=[stop_id], ignore_eos=True))
+    assert stopped.token_ids == free.token_ids[: free.token_ids.index(stop_id) + 1]
+    assert stopped.finish_reason == "stop"
+    # a stop string: text ends before it, ids end at the token that completed it
+    text = free.text
+    needle = text[len(text) // 2 : len(text) // 2 + 2]
+    [by_string] = engine.generate(["Hello there"], **greedy(10, stop=[needle], ignore_eos=True))
+    assert by_string.finish_reason == "stop"
+    assert by_string.text == text[: text.index(needle)]
+    assert by_string.token_ids == free.token_ids[: len(by_string.token_ids)]
+    streamed = list(engine.stream("Hello there", **greedy(10, stop=[needle], ignore_eos=True)))
+    assert "".join(c.text for c in streamed) == by_string.text
+    assert [t for c in streamed for t in c.token_ids] == by_string.token_ids
+
+
+# ---------------------------------------------------------------- batching
+
+def test_batch_of_16_equals_each_alone(engine):
+    rng = random.Random(7)
+    requests = []
+    for i in range(16):
+        words = " ".join(rng.choice(["alpha", "beta", "gamma", "delta", "fox", "cat"]) for _ in range(rng.randint(1, 40)))
+        requests.append(GenerationRequest(prompt=words, max_tokens=rng.randint(1, 40), ignore_eos=True,
+                                          sampling=SamplingParams(temperature=0.0)))
+    together = engine.generate(requests)
+    for request, result in zip(requests, together):
+        [alone] = engine.generate([request])
+        assert alone.token_ids == result.token_ids
+        assert len(result.token_ids) == request.max_tokens
+
+
+def test_seeded_sampling_same_alone_and_in_batch(engine):
+    seeded = GenerationRequest(prompt="Tell me a story", max_tokens=24, ignore_eos=True,
+                               sampling=SamplingParams(temperature=1.0, top_p=0.9, seed=1234))
+    [alone] = engine.generate([seeded])
+    others = [GenerationRequest(prompt=f"noise {i}", max_tokens=30, ignore_eos=True,
+                                sampling=SamplingParams(temperature=1.0, seed=i)) for i in range(7)]
+    batch = engine.generate(others[:3] + [seeded] + others[3:])
+    assert batch[3].token_ids == alone.token_ids
+    [other_seed] = engine.generate([dataclasses.replace(seeded, sampling=SamplingParams(temperature=1.0, top_p=0.9, seed=99))])
+    assert other_seed.token_ids != alone.token_ids
+
+
+# ---------------------------------------------------------------- resources
+
+def test_preemption_under_a_tiny_kv_cache_keeps_outputs(engine):
+    prompts = [f"request number {i} with some words" for i in range(8)]
+    expected = engine.generate(prompts, **greedy(40, ignore_eos=True))
+    small = EngineArgs(engine.args.model, kv_cache_tokens=160, page_size=8, max_num_batched_tokens=32)
+    with Engine(small) as tight:
+        results = tight.generate(prompts, **greedy(40, ignore_eos=True))
+        assert tight.runtime.num_preemptions > 0
+        assert tight.model.cache.allocator.num_free == tight.model.cache.allocator.num_pages
+    assert [r.token_ids for r in results] == [r.token_ids for r in expected]
+
+
+def test_cancel_mid_decode_frees_every_page(engine):
+    allocator = engine.model.cache.allocator
+    free_before = allocator.num_free
+    streams = [engine.stream(f"cancel me {i}", **greedy(500, ignore_eos=True)) for i in range(4)]
+    iterator = iter(streams[0])
+    next(iterator), next(iterator)       # it is decoding now
+    assert allocator.num_free < free_before
+    for stream in streams:
+        stream.abort()
+    finals = [list(stream)[-1] if not stream.finished else None for stream in streams]
+    assert all(f is None or f.finish_reason == "abort" for f in finals)
+    deadline = time.monotonic() + 10
+    while (engine.num_in_flight or engine.runtime.running) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert allocator.num_free == free_before
+    assert not engine.model.executors["backbone"].sequences
+
+
+def test_bad_inputs_are_value_errors(engine):
+    with pytest.raises(ValueError, match="empty"):
+        engine.generate([""])
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        engine.generate([[1, 2, 10**6]])
+    with pytest.raises(ValueError, match="max_tokens"):
+        engine.generate(["hi"], max_tokens=0)
+    with pytest.raises(ValueError, match="exceeds the context"):
+        engine.generate(["hi"], max_tokens=engine.max_model_len)
+    assert engine.generate(["hi"], max_tokens=2)[0].finish_reason in ("length", "stop")
+
+
+# ---------------------------------------------------------------- HF parity
+
+HF_FAMILIES = {
+    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, {}),
+    "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM, {
+        "rope_parameters": {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                            "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}),
+}
+
+
+@pytest.fixture(scope="module", params=list(HF_FAMILIES))
+def hf_checkpoint(request, tmp_path_factory):
+    config_cls, model_cls, extra = HF_FAMILIES[request.param]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(TOKENIZER_DIR))
+    config = config_cls(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+        bos_token_id=None, eos_token_id=0, initializer_range=0.3, tie_word_embeddings=request.param == "qwen3",
+        attn_implementation="eager", **extra,
+    )
+    torch.manual_seed(0)
+    model = model_cls(config).eval()
+    folder = tmp_path_factory.mktemp(request.param)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder, model, tokenizer
+
+
+def test_greedy_ids_and_logprobs_equal_hf_generate(hf_checkpoint):
+    folder, hf_model, tokenizer = hf_checkpoint
+    with Engine(EngineArgs(str(folder), dtype="float32", device="cpu", max_num_batched_tokens=16)) as engine:
+        requests = [GenerationRequest(prompt=p, max_tokens=64, sampling=SamplingParams(temperature=0.0, logprobs=1))
+                    for p in PROMPTS]
+        results = engine.generate(requests)
+    for prompt, result in zip(PROMPTS, results):
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+        out = hf_model.generate(ids, max_new_tokens=64, do_sample=False, output_logits=True,
+                                return_dict_in_generate=True, pad_token_id=0)
+        expected = out.sequences[0, ids.shape[1]:].tolist()
+        assert result.token_ids == expected
+        assert len(set(expected)) > 3     # the check means something: not one repeated token
+        hf_logprobs = torch.stack([torch.log_softmax(step[0].float(), -1) for step in out.logits])
+        ours = torch.tensor([lp.logprob for lp in result.logprobs])
+        chosen = hf_logprobs[torch.arange(len(expected)), torch.tensor(expected)]
+        assert torch.allclose(ours, chosen, atol=1e-4)
