@@ -20,7 +20,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import AsyncIterator, Iterator
+from typing import Any, AsyncIterator, Iterator, Protocol
 
 from omniwalk.detokenizer import IncrementalDetokenizer, StopStringMatcher
 from omniwalk.engine.causal_lm_executor import TokenLogprobs
@@ -95,7 +95,7 @@ class GenerationResult:
 class RequestStream:
     """Chunks of one request as they are produced; iterate it (sync or async) or abort it."""
 
-    def __init__(self, engine: "Engine", request_id: str, prompt_token_ids: list[int],
+    def __init__(self, engine: "Engine", request_id: str, prompt_token_ids: list[int] | None,
                  loop: asyncio.AbstractEventLoop | None):
         self.engine = engine
         self.request_id = request_id
@@ -104,19 +104,19 @@ class RequestStream:
         self._queue: queue.SimpleQueue | asyncio.Queue = asyncio.Queue() if loop else queue.SimpleQueue()
         self.finished = False
 
-    def _put(self, chunk: GenerationChunk) -> None:   # called from the loop thread
+    def _put(self, chunk) -> None:   # called from the loop thread
         if self._loop is None:
             self._queue.put(chunk)
         elif not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._queue.put_nowait, chunk)
 
-    def __iter__(self) -> Iterator[GenerationChunk]:
+    def __iter__(self) -> Iterator[Any]:
         while not self.finished:
             chunk = self._queue.get()
             self.finished = chunk.finished
             yield chunk
 
-    async def __aiter__(self) -> AsyncIterator[GenerationChunk]:
+    async def __aiter__(self) -> AsyncIterator[Any]:
         try:
             while not self.finished:
                 chunk = await self._queue.get()
@@ -130,6 +130,7 @@ class RequestStream:
         self.engine.abort(self.request_id)
 
     def result(self) -> GenerationResult:
+        """Collect a text generation."""
         ids, texts, logprobs = [], [], []
         last = None
         for last in self:
@@ -140,20 +141,34 @@ class RequestStream:
                                 last.finish_reason, last.usage, logprobs, last.error)
 
 
-class _Tracker:
-    """Output processing of one request on the loop thread: text, stop strings, final record."""
+class OutputProcessor(Protocol):
+    """Turns a request's runtime outputs into what its client receives, on the loop thread.
 
-    def __init__(self, stream: RequestStream, tokenizer, stop: list[str], eos_like: frozenset[int]):
-        self.stream = stream
+    Model families that serve other modalities (audio, images) bring their own."""
+
+    #: set when the processor ended the request itself (a stop string): the engine aborts it
+    ends_request: bool
+
+    def process(self, out: RequestOutput) -> Any:
+        """One client chunk per runtime output; it must have `finished` set on the last."""
+
+
+class TextOutputProcessor:
+    """Text deltas by incremental detokenization, stop strings, and the final usage record."""
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], tokenizer, stop: list[str],
+                 eos_like: frozenset[int]):
+        self.request_id = request_id
+        self.prompt_token_ids = prompt_token_ids
         self.detokenizer = IncrementalDetokenizer(tokenizer)
         self.matcher = StopStringMatcher(stop)
         self.stop_ids = eos_like
         self.num_ids = 0
-        self.stopped_by_string = False
+        self.ends_request = False
 
     def process(self, out: RequestOutput) -> GenerationChunk:
-        ids = [] if self.stopped_by_string else out.items.get((TEXT_STREAM, "tokens"), [])
-        logprobs = [] if self.stopped_by_string else out.items.get((TEXT_STREAM, "logprobs"), [])
+        ids = [] if self.ends_request else out.items.get((TEXT_STREAM, "tokens"), [])
+        logprobs = [] if self.ends_request else out.items.get((TEXT_STREAM, "logprobs"), [])
         text = []
         for position, token in enumerate(ids):
             is_stop_item = out.finished and out.finish_reason == FinishReason.STOP and position == len(ids) - 1 \
@@ -164,18 +179,18 @@ class _Tracker:
             if self.matcher.matched:
                 # ids end at the token that completed the stop string (as vLLM)
                 ids, logprobs = ids[: position + 1], logprobs[: position + 1]
-                self.stopped_by_string = True
+                self.ends_request = True
                 break
         self.num_ids += len(ids)
-        finished = out.finished or self.stopped_by_string
+        finished = out.finished or self.ends_request
         if finished:
             text.append(self.matcher.feed(self.detokenizer.flush(), final=True))
-        chunk = GenerationChunk(self.stream.request_id, list(ids), "".join(text), list(logprobs))
+        chunk = GenerationChunk(self.request_id, list(ids), "".join(text), list(logprobs))
         if finished:
             chunk.finished = True
-            chunk.finish_reason = FinishReason.STOP if self.stopped_by_string else out.finish_reason
-            chunk.error = None if self.stopped_by_string else out.error
-            chunk.usage = Usage(len(self.stream.prompt_token_ids), self.num_ids)
+            chunk.finish_reason = FinishReason.STOP if self.ends_request else out.finish_reason
+            chunk.error = None if self.ends_request else out.error
+            chunk.usage = Usage(len(self.prompt_token_ids), self.num_ids)
         return chunk
 
 
@@ -186,13 +201,13 @@ class Engine:
         self.args = args
         self.loaded = loaded or load_model(args)
         self.tokenizer = self.loaded.tokenizer
-        self.model: TextGenerationModel = self.loaded.served
+        self.model = self.loaded.served
         self.runtime = Runtime(self.model, SchedulerConfig(
             args.max_num_seqs, args.max_num_batched_tokens, args.max_queue))
         self._seeds = random.Random(args.seed)
         self._ids = itertools.count()
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
-        self._trackers: dict[str, _Tracker] = {}
+        self._in_flight: dict[str, tuple[OutputProcessor, RequestStream]] = {}
         self._lock = threading.Lock()
         self._wakeup = threading.Event()
         self._stopping = False
@@ -239,24 +254,38 @@ class Engine:
             raise ValueError(f"prompt + max_tokens ({len(prompt_ids) + max_tokens}) exceeds the KV cache "
                              f"({capacity} tokens)")
         sampling = request.sampling
-        seed = sampling.seed if sampling.seed is not None else self._seeds.getrandbits(63)
+        seed = sampling.seed if sampling.seed is not None else self.draw_seed()
         stop = StopConfig(
             eos_ids=self.loaded.eos_token_ids, stop_ids=frozenset(request.stop_token_ids),
             ignore_eos=request.ignore_eos, min_items=request.min_tokens,
         )
-        request_id = request_id or f"req-{next(self._ids)}"
-        stream = RequestStream(self, request_id, prompt_ids, loop)
+        request_id = request_id or self.new_request_id()
         runtime_request = Request(
             request_id, TextGenerationModel.make_request(prompt_ids),
             {TEXT_STREAM: StreamParams(max_tokens, stop, sampling, seed)}, arrival=time.monotonic(),
         )
+        processor = TextOutputProcessor(request_id, prompt_ids, self.tokenizer, request.stop, stop.stopping_ids())
+        return self.submit_request(runtime_request, processor, prompt_ids, loop)
+
+    def new_request_id(self) -> str:
+        return f"req-{next(self._ids)}"
+
+    def draw_seed(self) -> int:
+        """A seed for a request that brought none (reproducible from the engine's seed)."""
+        return self._seeds.getrandbits(63)
+
+    def submit_request(self, request: Request, processor: OutputProcessor,
+                       prompt_token_ids: list[int] | None = None,
+                       loop: asyncio.AbstractEventLoop | None = None) -> RequestStream:
+        """Enqueue a runtime request of any model; `processor` shapes what the client gets."""
+        stream = RequestStream(self, request.request_id, prompt_token_ids, loop)
         with self._lock:
-            if request_id in self._trackers:
-                raise ValueError(f"duplicate request id {request_id!r}")
-            if len(self._trackers) >= self.args.max_num_seqs + self.args.max_queue:
-                raise QueueFullError(f"server full: {len(self._trackers)} requests in flight")
-            self._trackers[request_id] = _Tracker(stream, self.tokenizer, request.stop, stop.stopping_ids())
-        self._commands.put(("add", runtime_request))
+            if request.request_id in self._in_flight:
+                raise ValueError(f"duplicate request id {request.request_id!r}")
+            if len(self._in_flight) >= self.args.max_num_seqs + self.args.max_queue:
+                raise QueueFullError(f"server full: {len(self._in_flight)} requests in flight")
+            self._in_flight[request.request_id] = (processor, stream)
+        self._commands.put(("add", request))
         self._wakeup.set()
         return stream
 
@@ -303,7 +332,7 @@ class Engine:
 
     @property
     def num_in_flight(self) -> int:
-        return len(self._trackers)
+        return len(self._in_flight)
 
     # ------------------------------------------------------------ the loop thread
 
@@ -322,7 +351,7 @@ class Engine:
         except BaseException as exc:   # keep the process up; /health reports it
             logger.exception("engine loop died")
             self.loop_error = exc
-            for request_id in list(self._trackers):
+            for request_id in list(self._in_flight):
                 self._deliver(RequestOutput(request_id, finished=True, finish_reason=FinishReason.ERROR,
                                             error=f"engine loop died: {exc!r}"))
 
@@ -344,14 +373,15 @@ class Engine:
                     self._deliver(RequestOutput(payload, finished=True, finish_reason=FinishReason.ABORT))
 
     def _deliver(self, out: RequestOutput) -> None:
-        tracker = self._trackers.get(out.request_id)
-        if tracker is None:
+        entry = self._in_flight.get(out.request_id)
+        if entry is None:
             return
-        chunk = tracker.process(out)
+        processor, stream = entry
+        chunk = processor.process(out)
         if chunk.finished:
             with self._lock:
-                self._trackers.pop(out.request_id, None)
-            if tracker.stopped_by_string and not out.finished:
+                self._in_flight.pop(out.request_id, None)
+            if processor.ends_request and not out.finished:
                 self.runtime.abort(out.request_id)
-                self.runtime.outputs.pop(out.request_id, None)
-        tracker.stream._put(chunk)
+                self.runtime.outputs.pop(out.request_id, None)   # its abort record: the client has its end
+        stream._put(chunk)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 from dataclasses import dataclass
@@ -52,9 +53,11 @@ class EngineArgs:
 
 @dataclass
 class LoadedModel:
+    """A model ready to serve, with what the API layer needs to know about it."""
+
     name: str
-    served: TextGenerationModel
-    config: DecoderConfig
+    served: TextGenerationModel           # or another family's ServedModel with a `cache`
+    config: DecoderConfig                 # of the autoregressive backbone
     tokenizer: object
     device: torch.device
     dtype: torch.dtype
@@ -96,26 +99,32 @@ def _generation_eos(folder: Path, config: DecoderConfig) -> frozenset[int]:
 
 
 def load_model(args: EngineArgs) -> LoadedModel:
-    device = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype, device)
-    random_weights = True
+    """A built-in name or a local Hugging Face folder, loaded by its family's loader."""
     if args.model in BUILTIN_MODELS:
-        family = FAMILIES[BUILTIN_MODELS[args.model]]
-        tokenizer = load_tokenizer(TINY_TOKENIZER)
-        config = family.tiny_config(len(tokenizer))
-        eos = frozenset(config.eos_token_ids) | {tokenizer.convert_tokens_to_ids("<|im_end|>")}
-        folder = None
+        family, folder = FAMILIES[BUILTIN_MODELS[args.model]], None
     elif Path(args.model).is_dir():
         folder = Path(args.model)
-        hf_config = read_hf_config(folder)
-        family = family_for_model_type(hf_config.get("model_type", ""))
-        config = family.config_from_hf(hf_config)
-        tokenizer = load_tokenizer(folder)
-        eos = _generation_eos(folder, config)
-        random_weights = args.load_format == "dummy"
+        family = family_for_model_type(read_hf_config(folder).get("model_type", ""))
     else:
         raise ValueError(f"unknown model {args.model!r}: not a built-in ({', '.join(sorted(BUILTIN_MODELS))}) "
                          f"and not a local checkpoint folder")
+    module, function = family.loader.split(":")
+    return getattr(importlib.import_module(module), function)(args, family, folder)
+
+
+def load_text_model(args: EngineArgs, family, folder: Path | None) -> LoadedModel:
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    if folder is None:   # built-in tiny model
+        tokenizer = load_tokenizer(TINY_TOKENIZER)
+        config = family.tiny_config(len(tokenizer))
+        eos = frozenset(config.eos_token_ids) | {tokenizer.convert_tokens_to_ids("<|im_end|>")}
+        random_weights = True
+    else:
+        config = family.config_from_hf(read_hf_config(folder))
+        tokenizer = load_tokenizer(folder)
+        eos = _generation_eos(folder, config)
+        random_weights = args.load_format == "dummy"
 
     with torch.device(device):
         lm = CausalLM(config).to(dtype)

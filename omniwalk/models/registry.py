@@ -18,10 +18,15 @@ TINY_TOKENIZER = Path(__file__).parent / "assets" / "tiny-tokenizer"
 
 @dataclass(frozen=True)
 class TextFamily:
+    """A decoder-only text family served by `omniwalk.loading.load_text_model`."""
+
     name: str
     hf_model_types: tuple[str, ...]
     config_from_hf: Callable[[dict], DecoderConfig]
     tiny_config: Callable[[int], DecoderConfig]
+    # "module:function" taking (EngineArgs, family, folder or None) -> LoadedModel; a
+    # family with other components (codecs, encoders) names its own loader
+    loader: str = "omniwalk.loading:load_text_model"
 
 
 FAMILIES: dict[str, TextFamily] = {

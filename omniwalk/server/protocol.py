@@ -1,0 +1,156 @@
+"""Request bodies of every route, validated by pydantic, and the error the routes raise.
+
+Types are strict (a string is not an int, 1.0 is not an int, 1 is not a bool): a wrong type
+is a validation error, never a silent coercion. Values (max_tokens <= 0, a temperature
+below zero, a prompt longer than the context) are checked by the engine itself, whose
+ValueError becomes a 400 with its message.
+
+The native /generate body forbids unknown fields (422). The OpenAI bodies also reject
+unknown fields, as the OpenAI API does ("Unrecognized request argument supplied"), but
+declare the OpenAI and vLLM fields clients commonly send; fields that would change the
+output and that omniwalk does not implement (tools, response_format, logit_bias, echo,
+suffix, best_of > n, ...) are a 400 when set, never silently ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+
+class ApiError(Exception):
+    """An error answered in the OpenAI envelope: {"error": {"message", "type", "param", "code"}}."""
+
+    TYPES = {400: "BadRequestError", 404: "NotFoundError", 422: "UnprocessableEntityError",
+             429: "RateLimitError", 500: "InternalServerError", 503: "ServiceUnavailableError"}
+
+    def __init__(self, status: int, message: str, param: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+
+    def body(self) -> dict:
+        return error_body(self.status, self.message, self.param)
+
+
+def error_body(status: int, message: str, param: str | None = None) -> dict:
+    return {"error": {"message": message, "type": ApiError.TYPES.get(status, "Error"),
+                      "param": param, "code": status}}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+# ----------------------------------------------------------------------------- native
+
+
+class GenerateRequest(_Strict):
+    """POST /generate. Exactly one of `prompt` / `prompt_token_ids`. Greedy unless told."""
+
+    prompt: str | None = None
+    prompt_token_ids: list[int] | None = None
+    max_output_tokens: int | None = 16       # None: up to the end of the context
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    logprobs: int | None = None              # k: the chosen token's logprob and the top k
+    stream: bool = False
+
+
+# ----------------------------------------------------------------------------- OpenAI
+
+
+class StreamOptions(_Strict):
+    include_usage: bool | None = None
+    continuous_usage_stats: bool | None = None   # vLLM: usage on every chunk
+
+
+class _OpenAISampling(_Strict):
+    """Fields shared by /v1/completions and /v1/chat/completions."""
+
+    model: str | None = None                 # must name the served model when given
+    max_tokens: int | None = None
+    temperature: float | None = None         # None: 1.0, as OpenAI
+    top_p: float | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None     # 400 unless empty
+    user: str | None = None                        # accepted, unused
+    metadata: dict[str, Any] | None = None         # accepted, unused
+    store: bool | None = None                      # accepted, unused
+    service_tier: str | None = None                # accepted, unused
+    # vLLM extensions
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    stop_token_ids: list[int] | None = None
+    return_token_ids: bool = False
+    skip_special_tokens: bool = True               # only True is implemented
+    include_stop_str_in_output: bool = False       # only False is implemented
+    spaces_between_special_tokens: bool = True     # only True is implemented
+
+
+class CompletionRequest(_OpenAISampling):
+    # one prompt (text or ids) or a batch of them
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = 16              # OpenAI's default for completions
+    logprobs: int | None = None              # k: the chosen token and the top k per position
+    echo: bool = False                       # only False is implemented
+    suffix: str | None = None                # not implemented
+    best_of: int | None = None               # only best_of == n is implemented
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_call_id: str | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class ChatCompletionRequest(_OpenAISampling):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None    # takes precedence over max_tokens
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    response_format: dict[str, Any] | None = None   # only {"type": "text"}
+    tools: list[Any] | None = None                  # not implemented
+    tool_choice: Any = None                         # only None / "none"
+    parallel_tool_calls: bool | None = None
+    modalities: list[str] | None = None             # only ["text"]
+    reasoning_effort: str | None = None             # accepted, unused
+    # vLLM extensions
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+
