@@ -1,0 +1,186 @@
+"""What every generating route shares: submitting engine requests, merging their chunks,
+collecting results, and aborting on client disconnect.
+
+One HTTP request becomes one or more engine requests (OpenAI's `n` and batched prompts).
+They are submitted together (all or none: a later one that is refused aborts the earlier
+ones), and their chunks are merged in arrival order as `(index, chunk)`:
+
+    HTTP request --submit--> RequestStream 0 --\
+                 --submit--> RequestStream 1 ----> Generation.chunks() -> (i, chunk) ...
+                 --submit--> RequestStream 2 --/
+
+Whoever stops iterating `chunks()` before the end (a streaming client that went away, a
+non-streamed request whose client disconnected) aborts every request still running, and
+the engine frees what they held.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from omniwalk.api import Engine, GenerationChunk, GenerationRequest, RequestStream
+from omniwalk.engine.causal_lm_executor import TokenLogprobs
+from omniwalk.runtime import QueueFullError
+from omniwalk.server.metrics import RequestRecord, ServerMetrics
+from omniwalk.server.protocol import ApiError
+
+
+@dataclass
+class ServerContext:
+    """What the routes of one app share."""
+
+    engine: Engine
+    metrics: ServerMetrics
+    model_name: str
+
+    def submit(self, requests: list[GenerationRequest], request_id: str) -> "Generation":
+        return Generation(self, requests, request_id)
+
+
+@dataclass
+class Collected:
+    """All chunks of one engine request, joined."""
+
+    token_ids: list[int] = field(default_factory=list)
+    text: list[str] = field(default_factory=list)
+    logprobs: list[TokenLogprobs | None] = field(default_factory=list)
+    finish_reason: str | None = None
+    error: str | None = None
+    num_prompt_tokens: int = 0
+
+    def add(self, chunk: GenerationChunk) -> None:
+        self.token_ids += chunk.token_ids
+        self.text.append(chunk.text)
+        self.logprobs += chunk.logprobs
+        if chunk.finished:
+            self.finish_reason = chunk.finish_reason
+            self.error = chunk.error
+
+
+class Generation:
+    """The engine requests of one HTTP request."""
+
+    def __init__(self, ctx: ServerContext, requests: list[GenerationRequest], request_id: str):
+        start = time.monotonic()
+        loop = asyncio.get_running_loop()
+        self.request_id = request_id
+        self.streams: list[RequestStream] = []
+        try:
+            for index, request in enumerate(requests):
+                sub_id = request_id if len(requests) == 1 else f"{request_id}-{index}"
+                self.streams.append(ctx.engine.submit(request, sub_id, loop=loop))
+        except BaseException as exc:
+            for stream in self.streams:
+                stream.abort()
+            if isinstance(exc, ValueError):
+                raise ApiError(400, str(exc)) from None
+            if isinstance(exc, QueueFullError):
+                raise ApiError(429, f"the server is full, retry later ({exc})") from None
+            if isinstance(exc, RuntimeError) and not ctx.engine.is_alive:
+                raise ApiError(503, str(exc)) from None
+            raise
+        self.records: list[RequestRecord] = [
+            ctx.metrics.track(len(stream.prompt_token_ids), start) for stream in self.streams
+        ]
+
+    def prompt_token_ids(self, index: int) -> list[int]:
+        return self.streams[index].prompt_token_ids
+
+    async def chunks(self) -> AsyncIterator[tuple[int, GenerationChunk]]:
+        source = self._single() if len(self.streams) == 1 else self._merged()
+        try:
+            async for index, chunk in source:
+                self.records[index].on_chunk(chunk)
+                yield index, chunk
+        finally:
+            await source.aclose()
+            self.abort_unfinished()
+
+    def abort_unfinished(self) -> None:
+        for stream, record in zip(self.streams, self.records):
+            if not record.done:
+                if not stream.finished:
+                    stream.abort()
+                record.finish("abort")
+
+    async def results(self) -> list[Collected]:
+        collected = [Collected(num_prompt_tokens=len(s.prompt_token_ids)) for s in self.streams]
+        async with contextlib.aclosing(self.chunks()) as chunks:
+            async for index, chunk in chunks:
+                collected[index].add(chunk)
+        return collected
+
+    async def _single(self) -> AsyncIterator[tuple[int, GenerationChunk]]:
+        async for chunk in self.streams[0]:
+            yield 0, chunk
+
+    async def _merged(self) -> AsyncIterator[tuple[int, GenerationChunk]]:
+        queue: asyncio.Queue[tuple[int, GenerationChunk]] = asyncio.Queue()
+
+        async def pump(index: int, stream: RequestStream) -> None:
+            async for chunk in stream:   # cancelling this task aborts the request (RequestStream)
+                queue.put_nowait((index, chunk))
+
+        tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(self.streams)]
+        try:
+            remaining = len(tasks)
+            while remaining:
+                index, chunk = await queue.get()
+                remaining -= chunk.finished
+                yield index, chunk
+        finally:
+            for task in tasks:
+                task.cancel()
+
+
+class ClientDisconnected(Exception):
+    """The client of a non-streamed request went away; its engine requests were aborted."""
+
+
+async def until_disconnected(request: Request, work):
+    """Await `work` (a coroutine); if the client disconnects first, cancel it (which aborts)."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+    if task in done:
+        return task.result()
+    raise ClientDisconnected()
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    # the body is already read, so the next ASGI message is the disconnect
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+class AbortingStreamingResponse(StreamingResponse):
+    """A streaming response that always closes its body generator, however it ends.
+
+    Starlette cancels the sending task on a client disconnect; when that happens while
+    the generator sits at a `yield`, the generator would otherwise stay open until garbage
+    collection. Closing it runs its `finally`, which aborts the engine requests.
+    """
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()
+
+
+def disconnected_response() -> Response:
+    return Response(status_code=499)   # nobody reads it; nginx's "client closed request"

@@ -1,0 +1,100 @@
+"""The native route: POST /generate.
+
+Non-streamed answer:
+
+    {"id", "text", "token_ids", "finish_reason", "usage": {"prompt_tokens", "output_tokens"}}
+    (+ "logprobs": [{"logprob", "top": [[id, logprob], ...]}, ...] when asked for)
+
+Streamed answer (`"stream": true`): NDJSON, one line per engine chunk
+
+    {"id", "token_ids", "text"}                               (+ "logprobs")
+    ... the last line adds "finish_reason" and "usage", and "error" when the request failed
+
+The joined `text` of the lines equals the non-streamed text, and the joined `token_ids`
+the non-streamed ids, for the same request and seed.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+from fastapi import APIRouter, Request
+
+from omniwalk.api import GenerationChunk, GenerationRequest
+from omniwalk.engine.causal_lm_executor import TokenLogprobs
+from omniwalk.engine.sampler import SamplingParams
+from omniwalk.server.generation import (
+    AbortingStreamingResponse, ClientDisconnected, Generation, ServerContext, disconnected_response,
+    until_disconnected,
+)
+from omniwalk.server.protocol import ApiError, GenerateRequest
+
+
+def native_router(ctx: ServerContext) -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/generate")
+    async def generate(body: GenerateRequest, request: Request):
+        generation = ctx.submit([to_generation_request(body)], f"gen-{uuid.uuid4().hex}")
+        if body.stream:
+            return AbortingStreamingResponse(_ndjson(generation, body.logprobs is not None),
+                                             media_type="application/x-ndjson")
+        try:
+            [result] = await until_disconnected(request, generation.results())
+        except ClientDisconnected:
+            return disconnected_response()
+        if result.finish_reason not in ("length", "stop"):
+            raise ApiError(500, result.error or f"the request ended with {result.finish_reason}")
+        answer = {
+            "id": generation.request_id,
+            "text": "".join(result.text),
+            "token_ids": result.token_ids,
+            "finish_reason": result.finish_reason,
+            "usage": {"prompt_tokens": result.num_prompt_tokens, "output_tokens": len(result.token_ids)},
+        }
+        if body.logprobs is not None:
+            answer["logprobs"] = [_logprobs_json(lp) for lp in result.logprobs]
+        return answer
+
+    return router
+
+
+def to_generation_request(body: GenerateRequest) -> GenerationRequest:
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    try:
+        sampling = SamplingParams(
+            temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p,
+            repetition_penalty=body.repetition_penalty, presence_penalty=body.presence_penalty,
+            frequency_penalty=body.frequency_penalty, seed=body.seed, logprobs=body.logprobs,
+        )
+        return GenerationRequest(
+            prompt=body.prompt, prompt_token_ids=body.prompt_token_ids, max_tokens=body.max_output_tokens,
+            min_tokens=body.min_tokens, ignore_eos=body.ignore_eos, stop=stop,
+            stop_token_ids=list(body.stop_token_ids or []), sampling=sampling,
+        )
+    except ValueError as exc:
+        raise ApiError(400, str(exc)) from None
+
+
+async def _ndjson(generation: Generation, with_logprobs: bool):
+    async for _, chunk in generation.chunks():
+        yield json.dumps(_line(generation.request_id, chunk, with_logprobs)) + "\n"
+
+
+def _line(request_id: str, chunk: GenerationChunk, with_logprobs: bool) -> dict:
+    line = {"id": request_id, "token_ids": chunk.token_ids, "text": chunk.text}
+    if with_logprobs:
+        line["logprobs"] = [_logprobs_json(lp) for lp in chunk.logprobs]
+    if chunk.finished:
+        line["finish_reason"] = chunk.finish_reason
+        line["usage"] = {"prompt_tokens": chunk.usage.prompt_tokens, "output_tokens": chunk.usage.output_tokens}
+        if chunk.error:
+            line["error"] = chunk.error
+    return line
+
+
+def _logprobs_json(lp: TokenLogprobs | None) -> dict | None:
+    if lp is None:
+        return None
+    return {"logprob": lp.logprob, "top": [[token, value] for token, value in lp.top]}

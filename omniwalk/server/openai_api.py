@@ -1,0 +1,412 @@
+"""OpenAI-compatible routes: GET /v1/models, POST /v1/completions, POST /v1/chat/completions.
+
+They behave like `vllm serve` where the two overlap:
+
+* `n` choices are n independent engine requests; with a `seed`, choice i uses seed + i;
+  a batch of prompts on /v1/completions gives choice `prompt_index * n + i`;
+* `usage` counts the ids the engine produced (a stop id included), `prompt_tokens` once
+  per prompt;
+* vLLM extensions: `top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, `min_tokens`,
+  `stop_token_ids`, and `return_token_ids` (`token_ids` on each choice, `prompt_token_ids`
+  on the chat response or on each completion choice; when streaming, deltas on each
+  chunk and the prompt ids on the first chunk);
+* streaming is SSE (`data: {...}` events, then `data: [DONE]`); with
+  `stream_options.include_usage` every chunk carries `"usage": null` and a last chunk
+  with empty `choices` carries the usage; an error after the stream started is an event
+  `data: {"error": {...}}` followed by `[DONE]`, never a silent stop.
+
+Chat messages go through the tokenizer's chat template; a tokenizer without one gets
+DEFAULT_CHAT_TEMPLATE (ChatML, as Qwen uses).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import replace
+from functools import lru_cache
+
+from fastapi import APIRouter, Request
+
+from omniwalk.api import GenerationChunk, GenerationRequest
+from omniwalk.engine.causal_lm_executor import TokenLogprobs
+from omniwalk.engine.sampler import SamplingParams
+from omniwalk.server.generation import (
+    AbortingStreamingResponse, ClientDisconnected, Collected, Generation, ServerContext,
+    disconnected_response, until_disconnected,
+)
+from omniwalk.server.protocol import ApiError, ChatCompletionRequest, CompletionRequest, error_body
+
+DEFAULT_CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+_OUTPUT_REASONS = ("length", "stop")
+
+
+def openai_router(ctx: ServerContext) -> APIRouter:
+    router = APIRouter(prefix="/v1")
+    token_text = _token_text_cache(ctx.engine.tokenizer)
+
+    @router.get("/models")
+    async def models():
+        return {"object": "list", "data": [{
+            "id": ctx.model_name, "object": "model", "created": int(ctx.engine.loaded_at), "owned_by": "omniwalk",
+            "root": ctx.engine.args.model, "parent": None, "max_model_len": ctx.engine.max_model_len,
+        }]}
+
+    @router.post("/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        _check_common(ctx, body)
+        _check_completion(body)
+        prompts = _completion_prompts(body.prompt)
+        _check_n(ctx, body.n * len(prompts))
+        base = _base_request(body, body.max_tokens, body.logprobs)
+        requests = [_choice_request(base, prompt, body.seed, i) for prompt in prompts for i in range(body.n)]
+        generation = ctx.submit(requests, f"cmpl-{uuid.uuid4().hex}")
+        view = _CompletionView(ctx, body, generation, token_text)
+        if body.stream:
+            return AbortingStreamingResponse(view.events(), media_type="text/event-stream")
+        try:
+            results = await until_disconnected(request, generation.results())
+        except ClientDisconnected:
+            return disconnected_response()
+        return view.response(results)
+
+    @router.post("/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        _check_common(ctx, body)
+        _check_chat(body)
+        _check_n(ctx, body.n)
+        prompt_ids = render_chat(ctx.engine.tokenizer, body)
+        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        base = _base_request(body, max_tokens, logprobs)
+        requests = [_choice_request(base, prompt_ids, body.seed, i) for i in range(body.n)]
+        generation = ctx.submit(requests, f"chatcmpl-{uuid.uuid4().hex}")
+        view = _ChatView(ctx, body, generation, token_text)
+        if body.stream:
+            return AbortingStreamingResponse(view.events(), media_type="text/event-stream")
+        try:
+            results = await until_disconnected(request, generation.results())
+        except ClientDisconnected:
+            return disconnected_response()
+        return view.response(results)
+
+    return router
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def _check_common(ctx: ServerContext, body) -> None:
+    if body.model is not None and body.model != ctx.model_name:
+        raise ApiError(404, f"The model `{body.model}` does not exist.", "model")
+    if body.n < 1:
+        raise ApiError(400, f"n must be >= 1, got {body.n}", "n")
+    if body.logit_bias:
+        raise ApiError(400, "logit_bias is not supported", "logit_bias")
+    if not body.skip_special_tokens:
+        raise ApiError(400, "skip_special_tokens=false is not supported", "skip_special_tokens")
+    if body.include_stop_str_in_output:
+        raise ApiError(400, "include_stop_str_in_output=true is not supported", "include_stop_str_in_output")
+    if not body.spaces_between_special_tokens:
+        raise ApiError(400, "spaces_between_special_tokens=false is not supported",
+                       "spaces_between_special_tokens")
+    if body.stream_options is not None and not body.stream:
+        raise ApiError(400, "stream_options is only allowed when stream is true", "stream_options")
+
+
+def _check_completion(body: CompletionRequest) -> None:
+    if body.echo:
+        raise ApiError(400, "echo is not supported", "echo")
+    if body.suffix:
+        raise ApiError(400, "suffix is not supported", "suffix")
+    if body.best_of is not None and body.best_of != body.n:
+        raise ApiError(400, "best_of other than n is not supported", "best_of")
+
+
+def _check_chat(body: ChatCompletionRequest) -> None:
+    if not body.messages:
+        raise ApiError(400, "messages must not be empty", "messages")
+    if body.tools:
+        raise ApiError(400, "tools are not supported", "tools")
+    if body.tool_choice not in (None, "none"):
+        raise ApiError(400, "tool_choice is not supported", "tool_choice")
+    if body.response_format not in (None, {"type": "text"}):
+        raise ApiError(400, "response_format other than text is not supported", "response_format")
+    if body.modalities not in (None, ["text"]):
+        raise ApiError(400, "only the text modality is supported", "modalities")
+    if body.top_logprobs is not None and not body.logprobs:
+        raise ApiError(400, "top_logprobs needs logprobs=true", "top_logprobs")
+
+
+def _check_n(ctx: ServerContext, total: int) -> None:
+    limit = ctx.engine.args.max_num_seqs + ctx.engine.args.max_queue
+    if total > limit:
+        raise ApiError(400, f"the request asks for {total} sequences (n x prompts); the server holds {limit}", "n")
+
+
+# ----------------------------------------------------------------------------- requests
+
+
+def _completion_prompts(prompt) -> list[str | list[int]]:
+    if isinstance(prompt, str):
+        return [prompt]
+    if not prompt:
+        raise ApiError(400, "the prompt is empty", "prompt")
+    if isinstance(prompt[0], int):
+        return [list(prompt)]
+    return list(prompt)
+
+
+def _base_request(body, max_tokens: int | None, logprobs: int | None) -> GenerationRequest:
+    """The engine request every choice starts from (prompt and seed filled in per choice)."""
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    try:
+        sampling = SamplingParams(
+            temperature=_default(body.temperature, 1.0), top_p=_default(body.top_p, 1.0),
+            top_k=_default(body.top_k, 0), min_p=_default(body.min_p, 0.0),
+            repetition_penalty=_default(body.repetition_penalty, 1.0),
+            presence_penalty=_default(body.presence_penalty, 0.0),
+            frequency_penalty=_default(body.frequency_penalty, 0.0),
+            seed=body.seed, logprobs=logprobs,
+        )
+        return GenerationRequest(
+            prompt_token_ids=[0], max_tokens=max_tokens, min_tokens=body.min_tokens, ignore_eos=body.ignore_eos,
+            stop=stop, stop_token_ids=list(body.stop_token_ids or []), sampling=sampling,
+        )
+    except ValueError as exc:
+        raise ApiError(400, str(exc)) from None
+
+
+def _choice_request(base: GenerationRequest, prompt: str | list[int], seed: int | None, i: int):
+    sampling = replace(base.sampling, seed=seed + i) if seed is not None else base.sampling
+    if isinstance(prompt, str):
+        return replace(base, prompt=prompt, prompt_token_ids=None, sampling=sampling)
+    return replace(base, prompt_token_ids=list(prompt), sampling=sampling)
+
+
+def _default(value, default):
+    return default if value is None else value
+
+
+def render_chat(tokenizer, body: ChatCompletionRequest) -> list[int]:
+    """Messages -> prompt ids through the chat template (which brings its own special tokens)."""
+    messages = []
+    for message in body.messages:
+        entry = {"role": message.role, "content": message.text()}
+        if message.name is not None:
+            entry["name"] = message.name
+        messages.append(entry)
+    template = None if getattr(tokenizer, "chat_template", None) else DEFAULT_CHAT_TEMPLATE
+    try:
+        text = tokenizer.apply_chat_template(
+            messages, chat_template=template, tokenize=False,
+            add_generation_prompt=body.add_generation_prompt and not body.continue_final_message,
+            continue_final_message=body.continue_final_message, **(body.chat_template_kwargs or {}),
+        )
+    except Exception as exc:   # a template raising on these messages is a bad request
+        raise ApiError(400, f"the chat template failed on these messages: {exc}", "messages") from None
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+# ----------------------------------------------------------------------------- responses
+
+
+def _token_text_cache(tokenizer):
+    @lru_cache(maxsize=65536)
+    def token_text(token_id: int) -> str:
+        return tokenizer.decode([token_id], skip_special_tokens=False)
+    return token_text
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def _sse(payload: dict) -> str:
+    return f"data: {json.dumps(payload)}\n\n"
+
+
+class _View:
+    """Shapes the chunks of one Generation into an OpenAI response or SSE events."""
+
+    object_name = ""
+    chunk_object_name = ""
+
+    def __init__(self, ctx: ServerContext, body, generation: Generation, token_text):
+        self.ctx = ctx
+        self.body = body
+        self.generation = generation
+        self.token_text = token_text
+        self.created = int(time.time())
+        self.n = body.n
+
+    def prompt_tokens(self) -> int:
+        """Prompt tokens counted once per prompt (choices of one prompt share it)."""
+        streams = self.generation.streams
+        return sum(len(streams[i].prompt_token_ids) for i in range(0, len(streams), self.n))
+
+    def _envelope(self, object_name: str, choices: list[dict]) -> dict:
+        return {"id": self.generation.request_id, "object": object_name, "created": self.created,
+                "model": self.ctx.model_name, "choices": choices}
+
+    def response(self, results: list[Collected]) -> dict:
+        failed = [r for r in results if r.finish_reason not in _OUTPUT_REASONS]
+        if failed:
+            raise ApiError(500, failed[0].error or f"the request ended with {failed[0].finish_reason}")
+        body = self._envelope(self.object_name, [self.choice(i, r) for i, r in enumerate(results)])
+        body["usage"] = _usage(self.prompt_tokens(), sum(len(r.token_ids) for r in results))
+        return body
+
+    async def events(self):
+        include_usage = bool(self.body.stream_options and self.body.stream_options.include_usage)
+        continuous = bool(self.body.stream_options and self.body.stream_options.continuous_usage_stats)
+        counts = [0] * len(self.generation.streams)
+        for payload in self.opening():
+            yield _sse(self._with_usage(payload, include_usage))
+        async for index, chunk in self.generation.chunks():
+            if chunk.finished and chunk.finish_reason not in _OUTPUT_REASONS:
+                message = chunk.error or f"the request ended with {chunk.finish_reason}"
+                yield _sse(error_body(500, message))
+                break
+            counts[index] += len(chunk.token_ids)
+            payload = self._envelope(self.chunk_object_name, [self.delta(index, chunk)])
+            self.decorate_first(payload, index)
+            if continuous:
+                prompt = len(self.generation.prompt_token_ids(index))
+                payload["usage"] = _usage(prompt, counts[index])
+            yield _sse(self._with_usage(payload, include_usage))
+        else:
+            if include_usage:
+                payload = self._envelope(self.chunk_object_name, [])
+                payload["usage"] = _usage(self.prompt_tokens(), sum(counts))
+                yield _sse(payload)
+        yield "data: [DONE]\n\n"
+
+    @staticmethod
+    def _with_usage(payload: dict, include_usage: bool) -> dict:
+        if include_usage:
+            payload.setdefault("usage", None)
+        return payload
+
+    # per-route shapes
+    def opening(self) -> list[dict]:
+        return []
+
+    def decorate_first(self, payload: dict, index: int) -> None:
+        pass
+
+    def choice(self, index: int, result: Collected) -> dict:
+        raise NotImplementedError
+
+    def delta(self, index: int, chunk: GenerationChunk) -> dict:
+        raise NotImplementedError
+
+
+class _CompletionView(_View):
+    object_name = "text_completion"
+    chunk_object_name = "text_completion"
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.text_offsets = [0] * len(self.generation.streams)
+        self.sent_prompt = [False] * len(self.generation.streams)
+
+    def choice(self, index: int, result: Collected) -> dict:
+        choice = {"index": index, "text": "".join(result.text), "logprobs": None,
+                  "finish_reason": result.finish_reason, "stop_reason": None}
+        if self.body.logprobs is not None:
+            choice["logprobs"] = self._logprobs(result.token_ids, result.logprobs, 0)
+        if self.body.return_token_ids:
+            choice["prompt_token_ids"] = self.generation.prompt_token_ids(index)
+            choice["token_ids"] = result.token_ids
+        return choice
+
+    def delta(self, index: int, chunk: GenerationChunk) -> dict:
+        choice = {"index": index, "text": chunk.text, "logprobs": None,
+                  "finish_reason": chunk.finish_reason if chunk.finished else None, "stop_reason": None}
+        if self.body.logprobs is not None:
+            choice["logprobs"] = self._logprobs(chunk.token_ids, chunk.logprobs, self.text_offsets[index])
+        self.text_offsets[index] += len(chunk.text)
+        if self.body.return_token_ids:
+            if not self.sent_prompt[index]:
+                choice["prompt_token_ids"] = self.generation.prompt_token_ids(index)
+                self.sent_prompt[index] = True
+            choice["token_ids"] = chunk.token_ids
+        return choice
+
+    def _logprobs(self, token_ids: list[int], logprobs: list[TokenLogprobs | None], offset: int) -> dict:
+        """The completions format: parallel lists per position."""
+        tokens, token_logprobs, top_logprobs, text_offset = [], [], [], []
+        for token, lp in zip(token_ids, logprobs):
+            text = self.token_text(token)
+            tokens.append(text)
+            text_offset.append(offset)
+            offset += len(text)
+            token_logprobs.append(lp.logprob if lp else None)
+            top = {self.token_text(t): v for t, v in lp.top} if lp else {}
+            if lp:
+                top.setdefault(text, lp.logprob)   # the sampled token is always listed (as OpenAI)
+            top_logprobs.append(top or None)
+        return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
+                "text_offset": text_offset}
+
+
+class _ChatView(_View):
+    object_name = "chat.completion"
+    chunk_object_name = "chat.completion.chunk"
+
+    def response(self, results: list[Collected]) -> dict:
+        body = super().response(results)
+        if self.body.return_token_ids:
+            body["prompt_token_ids"] = self.generation.prompt_token_ids(0)
+        return body
+
+    def choice(self, index: int, result: Collected) -> dict:
+        choice = {"index": index, "message": {"role": "assistant", "content": "".join(result.text)},
+                  "logprobs": None, "finish_reason": result.finish_reason, "stop_reason": None}
+        if self.body.logprobs:
+            choice["logprobs"] = {"content": self._logprobs(result.token_ids, result.logprobs)}
+        if self.body.return_token_ids:
+            choice["token_ids"] = result.token_ids
+        return choice
+
+    def opening(self) -> list[dict]:
+        """The role of every choice, first (as OpenAI and vLLM)."""
+        choices = [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                    "finish_reason": None} for i in range(len(self.generation.streams))]
+        payload = self._envelope(self.chunk_object_name, choices)
+        if self.body.return_token_ids:
+            payload["prompt_token_ids"] = self.generation.prompt_token_ids(0)
+        return [payload]
+
+    def delta(self, index: int, chunk: GenerationChunk) -> dict:
+        choice = {"index": index, "delta": {"content": chunk.text} if chunk.text else {}, "logprobs": None,
+                  "finish_reason": chunk.finish_reason if chunk.finished else None}
+        if self.body.logprobs:
+            choice["logprobs"] = {"content": self._logprobs(chunk.token_ids, chunk.logprobs)}
+        if self.body.return_token_ids:
+            choice["token_ids"] = chunk.token_ids
+        return choice
+
+    def _logprobs(self, token_ids: list[int], logprobs: list[TokenLogprobs | None]) -> list[dict]:
+        """The chat format: one entry per token with its top alternatives."""
+        def entry(token: int, value: float) -> dict:
+            text = self.token_text(token)
+            return {"token": text, "logprob": value, "bytes": list(text.encode("utf-8"))}
+
+        content = []
+        for token, lp in zip(token_ids, logprobs):
+            if lp is None:
+                continue
+            item = entry(token, lp.logprob)
+            item["top_logprobs"] = [entry(t, v) for t, v in lp.top]
+            content.append(item)
+        return content
