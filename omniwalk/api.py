@@ -202,8 +202,12 @@ class Engine:
         self.loaded = loaded or load_model(args)
         self.tokenizer = self.loaded.tokenizer
         self.model = self.loaded.served
+        # `submit` enforces max_num_seqs + max_queue requests in flight and answers QueueFullError
+        # synchronously. The runtime's own queue bound must not be tighter: requests added
+        # between two steps wait there even while slots are free, and a refusal from the
+        # loop thread would reach the caller as an error chunk instead of a 429.
         self.runtime = Runtime(self.model, SchedulerConfig(
-            args.max_num_seqs, args.max_num_batched_tokens, args.max_queue))
+            args.max_num_seqs, args.max_num_batched_tokens, args.max_queue + args.max_num_seqs))
         self._seeds = random.Random(args.seed)
         self._ids = itertools.count()
         self._commands: queue.SimpleQueue = queue.SimpleQueue()

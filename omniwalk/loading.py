@@ -5,16 +5,18 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from omniwalk.engine.cuda_graphs import DecodeGraphs
 from omniwalk.engine.kv_cache import KVCacheShape, PagedKVCache
 from omniwalk.layers.config import DecoderConfig
 from omniwalk.layers.transformer import CausalLM
 from omniwalk.models.loader import init_random_weights, load_checkpoint_weights, read_hf_config
-from omniwalk.models.registry import BUILTIN_MODELS, FAMILIES, TINY_TOKENIZER, family_for_model_type
+from omniwalk.models.registry import BUILTIN_MODELS, FAMILIES, TINY_TOKENIZER, family_for_hf_config
 from omniwalk.models.text_lm import TextGenerationModel
 
 logger = logging.getLogger(__name__)
@@ -36,6 +38,8 @@ class EngineArgs:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     max_queue: int = 1024
+    enforce_eager: bool = False         # CUDA only: no CUDA graphs for decode
+    codec: str | None = None            # TTS checkpoints: local codec folder (Orpheus: SNAC); None: <model>/snac
 
     def __post_init__(self):
         if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
@@ -82,6 +86,27 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return getattr(torch, dtype)
 
 
+class NoTokenizer:
+    """Stands in for a checkpoint folder without tokenizer files (e.g. a config-only folder
+    for `--load-format dummy` benchmarks): ids in, ids out, no text."""
+
+    def __len__(self) -> int:
+        return 0
+
+    def encode(self, text: str, **kwargs) -> list[int]:
+        raise ValueError("this model has no tokenizer files: send prompt_token_ids instead of text")
+
+    def decode(self, ids, **kwargs) -> str:
+        return ""
+
+    def apply_chat_template(self, *args, **kwargs):
+        raise ValueError("this model has no tokenizer files: chat is unavailable")
+
+
+def has_tokenizer_files(folder: Path) -> bool:
+    return any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer.model", "vocab.json"))
+
+
 def load_tokenizer(folder: Path):
     from transformers import AutoTokenizer
 
@@ -104,7 +129,7 @@ def load_model(args: EngineArgs) -> LoadedModel:
         family, folder = FAMILIES[BUILTIN_MODELS[args.model]], None
     elif Path(args.model).is_dir():
         folder = Path(args.model)
-        family = family_for_model_type(read_hf_config(folder).get("model_type", ""))
+        family = family_for_hf_config(read_hf_config(folder))
     else:
         raise ValueError(f"unknown model {args.model!r}: not a built-in ({', '.join(sorted(BUILTIN_MODELS))}) "
                          f"and not a local checkpoint folder")
@@ -112,19 +137,27 @@ def load_model(args: EngineArgs) -> LoadedModel:
     return getattr(importlib.import_module(module), function)(args, family, folder)
 
 
-def load_text_model(args: EngineArgs, family, folder: Path | None) -> LoadedModel:
-    device = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype, device)
+def read_model_source(args: EngineArgs, family, folder: Path | None):
+    """(config, tokenizer, eos ids, random_weights) of a built-in tiny model (folder None)
+    or a local checkpoint folder: what every family's loader starts from."""
     if folder is None:   # built-in tiny model
         tokenizer = load_tokenizer(TINY_TOKENIZER)
         config = family.tiny_config(len(tokenizer))
         eos = frozenset(config.eos_token_ids) | {tokenizer.convert_tokens_to_ids("<|im_end|>")}
-        random_weights = True
-    else:
-        config = family.config_from_hf(read_hf_config(folder))
+        return config, tokenizer, eos, True
+    config = family.config_from_hf(read_hf_config(folder))
+    if has_tokenizer_files(folder):
         tokenizer = load_tokenizer(folder)
-        eos = _generation_eos(folder, config)
-        random_weights = args.load_format == "dummy"
+    else:
+        logger.warning("no tokenizer files in %s: token ids only, no text", folder)
+        tokenizer = NoTokenizer()
+    return config, tokenizer, _generation_eos(folder, config), args.load_format == "dummy"
+
+
+def load_text_model(args: EngineArgs, family, folder: Path | None) -> LoadedModel:
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    config, tokenizer, eos, random_weights = read_model_source(args, family, folder)
 
     with torch.device(device):
         lm = CausalLM(config).to(dtype)
@@ -135,17 +168,28 @@ def load_text_model(args: EngineArgs, family, folder: Path | None) -> LoadedMode
     lm.eval()
 
     max_model_len = min(config.max_position_embeddings, args.max_model_len or config.max_position_embeddings)
-    shape = _kv_cache_shape(args, config, device, dtype)
+    shape = kv_cache_shape(args, config, device, dtype)
     cache = PagedKVCache(shape, dtype, device)
-    served = TextGenerationModel(lm, cache, max_batch_size=args.max_num_seqs)
+    graphs = None
+    if device.type == "cuda" and not args.enforce_eager:
+        graphs = DecodeGraphs(lm, cache, args.max_num_seqs, -(-max_model_len // args.page_size))
+        started = time.perf_counter()
+        graphs.capture()
+        logger.info("captured decode CUDA graphs for batch sizes %s in %.1f s",
+                    graphs.buckets, time.perf_counter() - started)
+    served = TextGenerationModel(lm, cache, max_batch_size=args.max_num_seqs, decode_graphs=graphs)
     logger.info("loaded %s (%s, %s on %s%s); KV cache: %d tokens in %d pages of %d",
                 args.model, family.name, dtype, device, ", random weights" if random_weights else "",
                 shape.capacity_tokens, shape.num_pages, shape.page_size)
     return LoadedModel(args.model, served, config, tokenizer, device, dtype, max_model_len, eos, random_weights)
 
 
-def _kv_cache_shape(args: EngineArgs, config: DecoderConfig, device: torch.device, dtype) -> KVCacheShape:
-    per_page = KVCacheShape(config.num_layers, config.num_kv_heads, config.head_dim, args.page_size, 1)
+def kv_cache_shape(args: EngineArgs, config: DecoderConfig, device: torch.device, dtype, *,
+                   num_layers: int | None = None) -> KVCacheShape:
+    """Pages for `num_layers` attention layers (default: all of the config's layers; fewer
+    in hybrid models). On GPU sized from the memory still free: allocate other resources first."""
+    num_layers = config.num_layers if num_layers is None else num_layers
+    per_page = KVCacheShape(num_layers, config.num_kv_heads, config.head_dim, args.page_size, 1)
     if args.kv_cache_tokens is not None:
         num_pages = -(-args.kv_cache_tokens // args.page_size)
     elif device.type == "cuda":
@@ -157,4 +201,4 @@ def _kv_cache_shape(args: EngineArgs, config: DecoderConfig, device: torch.devic
                                f"raise --gpu-memory-utilization or use a smaller model")
     else:
         num_pages = 65536 // args.page_size
-    return KVCacheShape(config.num_layers, config.num_kv_heads, config.head_dim, args.page_size, num_pages)
+    return KVCacheShape(num_layers, config.num_kv_heads, config.head_dim, args.page_size, num_pages)

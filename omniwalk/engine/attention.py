@@ -9,7 +9,8 @@ decode steps (query_len == 1) mix freely in one batch:
     context_lens:  [0, 41, 128]
 
 Model code calls `PagedAttention.forward(layer_index, q, k, v)`; the layer never sees
-pages or slots.
+pages or slots. On CUDA the Triton kernel (`triton_attention.py`) reads the device
+tensors of the metadata; on CPU torch SDPA runs per sequence from the host lists.
 """
 
 from __future__ import annotations
@@ -26,16 +27,16 @@ from omniwalk.engine.kv_cache import PagedKVCache
 class AttentionMetadata:
     """What one forward pass needs to know about the layout of its batch."""
 
-    # Host-side lists drive the CPU path and are cheap to build; device tensors are
-    # what kernels read.
-    query_lens: list[int]           # new tokens per sequence
-    context_lens: list[int]         # tokens already cached per sequence, before this pass
-    page_tables: list[list[int]]    # pages of each sequence, covering context + new tokens
     slot_mapping: torch.Tensor      # [num_tokens] int64: where each new token's k/v goes
-
-    @property
-    def num_sequences(self) -> int:
-        return len(self.query_lens)
+    # Host lists: the CPU path (SDPA per sequence)
+    query_lens: list[int] | None = None          # new tokens per sequence
+    context_lens: list[int] | None = None        # tokens cached per sequence before this pass
+    page_tables: list[list[int]] | None = None   # pages of each sequence (context + new tokens)
+    # Device tensors: the Triton path (fixed shapes under CUDA graphs)
+    query_start: torch.Tensor | None = None          # [B + 1] int32
+    context_lens_tensor: torch.Tensor | None = None  # [B] int32
+    page_table_tensor: torch.Tensor | None = None    # [B, max_pages] int32
+    max_query_len: int = 0
 
 
 class PagedAttention:
@@ -47,6 +48,7 @@ class PagedAttention:
     def __init__(self, cache: PagedKVCache, metadata: AttentionMetadata):
         self.cache = cache
         self.metadata = metadata
+        self.use_triton = metadata.page_table_tensor is not None
 
     def forward(
         self,
@@ -61,6 +63,13 @@ class PagedAttention:
         value_pool = self.cache.values[layer_index]
         key_pool.index_copy_(0, meta.slot_mapping, key.to(key_pool.dtype))
         value_pool.index_copy_(0, meta.slot_mapping, value.to(value_pool.dtype))
+        if self.use_triton:
+            from omniwalk.engine.triton_attention import paged_attention
+
+            return paged_attention(
+                query, key_pool, value_pool, meta.query_start, meta.context_lens_tensor,
+                meta.page_table_tensor, self.cache.page_size, meta.max_query_len, scale,
+            )
 
         page_size = self.cache.page_size
         outputs = []
@@ -87,18 +96,32 @@ class PagedAttention:
 
 
 def build_metadata(
-    cache: PagedKVCache, handles: list[int], context_lens: list[int], query_lens: list[int], device
+    cache: PagedKVCache, handles: list[int], context_lens: list[int], query_lens: list[int], device,
+    use_triton: bool | None = None,
 ) -> AttentionMetadata:
-    """Metadata for a batch whose pages were already reserved in `cache`."""
+    """Metadata for a batch whose pages were already reserved in `cache`.
+
+    `use_triton` defaults to whether `device` is CUDA."""
+    device = torch.device(device)
     slots: list[int] = []
     for handle, context_len, query_len in zip(handles, context_lens, query_lens):
         slots.extend(cache.slots(handle, context_len, context_len + query_len))
-    return AttentionMetadata(
-        query_lens=list(query_lens),
-        context_lens=list(context_lens),
-        page_tables=[cache.page_tables[h] for h in handles],
-        slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
+    page_tables = [cache.page_tables[h] for h in handles]
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor(slots, dtype=torch.long).to(device, non_blocking=True),
+        query_lens=list(query_lens), context_lens=list(context_lens), page_tables=page_tables,
     )
+    if use_triton if use_triton is not None else device.type == "cuda":
+        width = max(len(table) for table in page_tables)
+        padded = [table + [0] * (width - len(table)) for table in page_tables]
+        starts = [0]
+        for query_len in query_lens:
+            starts.append(starts[-1] + query_len)
+        meta.query_start = torch.tensor(starts, dtype=torch.int32).to(device, non_blocking=True)
+        meta.context_lens_tensor = torch.tensor(context_lens, dtype=torch.int32).to(device, non_blocking=True)
+        meta.page_table_tensor = torch.tensor(padded, dtype=torch.int32).to(device, non_blocking=True)
+        meta.max_query_len = max(query_lens)
+    return meta
 
 
 def attention_for_tests(num_layers: int, num_kv_heads: int, head_dim: int, seq_len: int,

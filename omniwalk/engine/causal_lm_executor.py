@@ -16,10 +16,12 @@ whole sequence, and the sample is the same because sampling is keyed by
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
 from omniwalk.engine.attention import PagedAttention, build_metadata
+from omniwalk.engine.cuda_graphs import DecodeGraphs
 from omniwalk.engine.kv_cache import PagedKVCache
 from omniwalk.engine.sampler import Sampler
 from omniwalk.runtime.executor import NodeCall, NodeExecutor
@@ -41,17 +43,26 @@ class TokenLogprobs:
     top: list[tuple[int, float]]    # (token id, logprob), most likely first
 
 
+# (logits [num_rows, vocab] float32 to set to -inf in place, the rows' calls, each row's
+# sampled ids so far) -> None. A model that may only emit some ids (Orpheus: the audio codes
+# of the next frame position) brings one; it runs before the sampler, after min_tokens.
+LogitsMask = Callable[[torch.Tensor, list[NodeCall], list[list[int]]], None]
+
+
 class CausalLMExecutor(NodeExecutor):
     """Node `inputs=("tokens",)`, `outputs=("token", "logprobs")` over a paged KV cache."""
 
     chunkable = True
 
-    def __init__(self, model: torch.nn.Module, cache: PagedKVCache, max_batch_size: int = 256):
+    def __init__(self, model: torch.nn.Module, cache: PagedKVCache, max_batch_size: int = 256,
+                 decode_graphs: DecodeGraphs | None = None, logits_mask: LogitsMask | None = None):
         self.model = model
         self.cache = cache
         self.sampler = Sampler()
         self.max_batch_size = max_batch_size
         self.device = next(model.parameters()).device
+        self.decode_graphs = decode_graphs
+        self.logits_mask = logits_mask
         self.sequences: dict[int, SequenceState] = {}
 
     # ------------------------------------------------------------ runtime contract
@@ -92,26 +103,16 @@ class CausalLMExecutor(NodeExecutor):
     @torch.inference_mode()
     def run(self, calls: list[NodeCall]) -> list[dict | None]:
         sequences = [self.sequences[call.stream.handle] for call in calls]
-        input_ids, positions = [], []
-        for call, sequence in zip(calls, sequences):
-            start = sequence.num_computed
-            input_ids.extend(sequence.token_ids[start : start + call.num_tokens])
-            positions.extend(range(start, start + call.num_tokens))
-        metadata = build_metadata(
-            self.cache, [call.stream.handle for call in calls],
-            [s.num_computed for s in sequences], [call.num_tokens for call in calls], self.device,
-        )
-        hidden = self.model(
-            torch.tensor(input_ids, dtype=torch.long, device=self.device),
-            torch.tensor(positions, dtype=torch.long, device=self.device),
-            PagedAttention(self.cache, metadata),
-        )  # [num_tokens, hidden]
-
         # Only calls whose last token is computed now produce a sample.
-        ends = torch.tensor([call.num_tokens for call in calls]).cumsum(0) - 1
         done = [i for i, (call, s) in enumerate(zip(calls, sequences))
                 if s.num_computed + call.num_tokens == len(s.token_ids)]
-        samples = self._sample([calls[i] for i in done], hidden[ends[done].to(self.device)]) if done else []
+        is_decode = len(done) == len(calls) and all(call.num_tokens == 1 for call in calls)
+        if is_decode and self.decode_graphs is not None and self.decode_graphs.fits(
+                len(calls), max(len(self.cache.page_tables[c.stream.handle]) for c in calls)):
+            logits = self._decode_with_graph(calls, sequences)
+        else:
+            logits = self._forward_eager(calls, sequences, done)
+        samples = self._sample([calls[i] for i in done], logits) if done else []
 
         # Commit only after everything succeeded: a failed batch is retried call by call.
         for call, sequence in zip(calls, sequences):
@@ -122,14 +123,47 @@ class CausalLMExecutor(NodeExecutor):
             results[index] = {"token": token, "logprobs": logprobs}
         return results
 
-    def _sample(self, calls: list[NodeCall], hidden: torch.Tensor) -> list[tuple[int, TokenLogprobs | None]]:
-        logits = self.model.compute_logits(hidden)    # [num_done, vocab] float32
+    def _forward_eager(self, calls, sequences, done) -> torch.Tensor:
+        input_ids, positions = [], []
+        for call, sequence in zip(calls, sequences):
+            start = sequence.num_computed
+            input_ids.extend(sequence.token_ids[start : start + call.num_tokens])
+            positions.extend(range(start, start + call.num_tokens))
+        metadata = build_metadata(
+            self.cache, [call.stream.handle for call in calls],
+            [s.num_computed for s in sequences], [call.num_tokens for call in calls], self.device,
+        )
+        hidden = self.model(
+            torch.tensor(input_ids, dtype=torch.long).to(self.device, non_blocking=True),
+            torch.tensor(positions, dtype=torch.long).to(self.device, non_blocking=True),
+            PagedAttention(self.cache, metadata),
+        )  # [num_tokens, hidden]
+        ends = torch.tensor([call.num_tokens for call in calls]).cumsum(0) - 1
+        return self.model.compute_logits(hidden[ends[done].to(self.device)])   # [num_done, vocab] fp32
+
+    def _decode_with_graph(self, calls, sequences) -> torch.Tensor:
+        handles = [call.stream.handle for call in calls]
+        positions = [s.num_computed for s in sequences]
+        size = self.cache.page_size
+        tables = [self.cache.page_tables[h] for h in handles]
+        return self.decode_graphs.run(
+            input_ids=[s.token_ids[-1] for s in sequences],
+            positions=positions,
+            slots=[table[p // size] * size + p % size for table, p in zip(tables, positions)],
+            context_lens=positions,
+            page_tables=tables,
+        )
+
+    def _sample(self, calls: list[NodeCall], logits: torch.Tensor) -> list[tuple[int, TokenLogprobs | None]]:
+        # logits: [num_done, vocab] float32
         sequences = [self.sequences[call.stream.handle] for call in calls]
         for row, (call, sequence) in enumerate(zip(calls, sequences)):
             stop = call.stream.params.stop
             if call.stream.count < stop.min_items:   # no stop item before min_tokens (as HF/vLLM)
                 banned = [t for t in stop.stopping_ids() if t < logits.shape[1]]
                 logits[row, banned] = float("-inf")
+        if self.logits_mask is not None:   # the model's rule for what may be sampled at all
+            self.logits_mask(logits, calls, [s.output_ids for s in sequences])
         params = [call.stream.params.sampling for call in calls]
         out = self.sampler(
             logits, params,

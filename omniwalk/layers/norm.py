@@ -1,12 +1,18 @@
-"""RMSNorm, computed exactly as Hugging Face Llama/Qwen3 do."""
+"""RMS norms, computed exactly as Hugging Face does for each family: plain (Llama, Qwen3),
+zero-centered (`1 + weight`: Qwen3.5, Gemma) and gated (Gated DeltaNet outputs)."""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+from omniwalk.layers import fused_ops
 
 
 class RMSNorm(nn.Module):
+    init_weight = 1.0   # the neutral weight, for `init_random_weights`
+
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
         self.eps = eps
@@ -15,10 +21,44 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., dim]
         # Normalize in fp32, cast back to the input dtype, and only then scale by the
         # weight: the order matters for bit-parity with transformers in bf16.
-        input_dtype = x.dtype
-        x = x.to(torch.float32)
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(input_dtype)
+        return fused_ops.rms_norm(x, self.weight, self.eps)
+
+    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual), one kernel on CUDA."""
+        return fused_ops.add_rms_norm(x, residual, self.weight, self.eps)
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.eps}"
+
+
+class ZeroCenteredRMSNorm(nn.Module):
+    """RMSNorm whose scale is `1 + weight` (Gemma, Qwen3-Next, Qwen3.5): checkpoints store
+    the offset from one, so a freshly initialized weight is zero.
+
+    Unlike `RMSNorm` it scales in fp32 and casts last, as transformers does for these models.
+    """
+
+    init_weight = 0.0   # the neutral weight, for `init_random_weights`
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., dim]
+        normed = x.float()
+        normed = normed * torch.rsqrt(normed.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (normed * (1.0 + self.weight.float())).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{tuple(self.weight.shape)}, eps={self.eps}"
+
+
+class GatedRMSNorm(RMSNorm):
+    """RMSNorm followed by a SiLU gate, `norm(x) * silu(gate)` (the output norm of Gated
+    DeltaNet), with transformers' casts: normalize in fp32, scale in the input dtype,
+    gate in fp32, cast back."""
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:  # x, gate: [..., dim]
+        gated = super().forward(x) * F.silu(gate.to(torch.float32))
+        return gated.to(x.dtype)

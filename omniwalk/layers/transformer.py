@@ -18,7 +18,8 @@ from omniwalk.engine.attention import PagedAttention
 from omniwalk.layers.config import DecoderConfig
 from omniwalk.layers.mlp import GatedMLP
 from omniwalk.layers.norm import RMSNorm
-from omniwalk.layers.rotary import RotaryEmbedding, apply_rotary
+from omniwalk.layers.fused_ops import norm_rotary
+from omniwalk.layers.rotary import RotaryEmbedding
 
 
 class DecoderAttention(nn.Module):
@@ -32,9 +33,14 @@ class DecoderAttention(nn.Module):
         self.head_dim = config.head_dim
         self.scale = config.head_dim ** -0.5
         bias = config.attention_bias
-        self.q_proj = nn.Linear(config.hidden_size, config.q_size, bias=bias)
-        self.k_proj = nn.Linear(config.hidden_size, config.kv_size, bias=bias)
-        self.v_proj = nn.Linear(config.hidden_size, config.kv_size, bias=bias)
+        # q, k and v in one projection: one GEMM instead of three (loaded from q_proj/k_proj/v_proj)
+        self.q_size, self.kv_size = config.q_size, config.kv_size
+        self.qkv_proj = nn.Linear(config.hidden_size, config.q_size + 2 * config.kv_size, bias=bias)
+        self.packed_projections = {
+            "q_proj": ("qkv_proj", 0, config.q_size),
+            "k_proj": ("qkv_proj", config.q_size, config.q_size + config.kv_size),
+            "v_proj": ("qkv_proj", config.q_size + config.kv_size, config.q_size + 2 * config.kv_size),
+        }
         self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=bias)
         if config.qk_norm:
             self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
@@ -50,21 +56,20 @@ class DecoderAttention(nn.Module):
         attention: PagedAttention,
     ) -> torch.Tensor:          # [num_tokens, hidden]
         num_tokens = x.shape[0]
-        q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            # Qwen3 normalizes each head before the rotation
-            q = self.q_norm(q)
-            k = self.k_norm(k)
-        q = apply_rotary(q, cos, sin)
-        k = apply_rotary(k, cos, sin)
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)          # strided views of one buffer
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        # Qwen3 normalizes each head before the rotation; one kernel for both on CUDA
+        q = norm_rotary(q, self.q_norm.weight if self.q_norm else None, self.q_norm.eps if self.q_norm else 0.0, cos, sin)
+        k = norm_rotary(k, self.k_norm.weight if self.k_norm else None, self.k_norm.eps if self.k_norm else 0.0, cos, sin)
         out = attention.forward(self.layer_index, q, k, v, self.scale)  # [num_tokens, heads, head_dim]
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
+    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x)), with the adds deferred
+    into the next norm (`add_and_norm`)."""
 
     def __init__(self, config: DecoderConfig, layer_index: int):
         super().__init__()
@@ -73,10 +78,17 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                attention: PagedAttention) -> torch.Tensor:  # x: [num_tokens, hidden]
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attention)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+                attention: PagedAttention) -> tuple[torch.Tensor, torch.Tensor]:
+        # x: the previous block's output, residual: the stream before it (None at layer 0).
+        # Each residual add is fused into the norm that follows it.
+        if residual is None:
+            residual, hidden = x, self.input_layernorm(x)
+        else:
+            hidden, residual = self.input_layernorm.add_and_norm(x, residual)
+        hidden = self.self_attn(hidden, cos, sin, attention)
+        hidden, residual = self.post_attention_layernorm.add_and_norm(hidden, residual)
+        return self.mlp(hidden), residual
 
 
 class DecoderModel(nn.Module):
@@ -93,10 +105,10 @@ class DecoderModel(nn.Module):
                 attention: PagedAttention) -> torch.Tensor:
         # input_ids, positions: [num_tokens] -> hidden: [num_tokens, hidden]
         cos, sin = self.rotary_emb(positions)  # once per pass, shared by all layers
-        x = self.embed_tokens(input_ids)
+        x, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
-            x = layer(x, cos, sin, attention)
-        return self.norm(x)
+            x, residual = layer(x, residual, cos, sin, attention)
+        return self.norm.add_and_norm(x, residual)[0]
 
 
 class CausalLM(nn.Module):

@@ -2,20 +2,26 @@
 
 Checkpoint tensors are matched to parameters by name (our modules use the HF names). A
 parameter may carry a `weight_loader(param, tensor)` attribute to load itself differently
-(a tensor-parallel shard, a fused projection); otherwise the tensor is copied in, cast to
-the parameter's dtype and device.
+(a tensor-parallel shard); otherwise the tensor is copied in, cast to the parameter's
+dtype and device.
+
+A module that fuses several projections into one (q/k/v into `qkv_proj`, gate/up into
+`gate_up_proj`) declares `packed_projections = {"q_proj": ("qkv_proj", start, end), ...}`:
+the checkpoint's `...q_proj.weight` (and `.bias`) then fills rows [start, end) of
+`...qkv_proj.weight`.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Callable
 
 import torch
 from safetensors import safe_open
 from torch import nn
 
-from omniwalk.layers.norm import RMSNorm
+from omniwalk.layers.norm import RMSNorm, ZeroCenteredRMSNorm
 
 
 def read_hf_config(folder: str | Path) -> dict:
@@ -26,36 +32,89 @@ def read_hf_config(folder: str | Path) -> dict:
     return json.loads(path.read_text())
 
 
-def load_checkpoint_weights(model: nn.Module, folder: str | Path) -> None:
+def load_checkpoint_weights(
+    model: nn.Module, folder: str | Path, rename: Callable[[str], str | None] | None = None,
+) -> list[str]:
     """Copies every tensor of `folder/*.safetensors` (one file or shards) into `model`.
 
-    Raises ValueError naming the parameters the checkpoint lacks and the checkpoint
-    tensors the model has no parameter for.
+    `rename` maps a checkpoint name to the parameter name, or to None to skip the tensor
+    on purpose (a part of the checkpoint the model does not serve, such as a vision tower).
+    Returns the names skipped that way. Raises ValueError naming the parameters the
+    checkpoint lacks and the checkpoint tensors the model has no parameter for.
     """
     files = sorted(Path(folder).glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no *.safetensors files in {folder}")
     params = dict(model.named_parameters())  # a tied lm_head appears once, as embed_tokens
+    modules = dict(model.named_modules())
+    shards_expected = _packed_shards(modules, params)      # packed parameter -> checkpoint names
+    shards_loaded: set[str] = set()
     loaded: set[str] = set()
     unexpected: list[str] = []
+    skipped: list[str] = []
     for file in files:
         with safe_open(file, framework="pt", device="cpu") as f:
-            for name in f.keys():
+            for stored_name in f.keys():
+                name = rename(stored_name) if rename is not None else stored_name
+                if name is None:
+                    skipped.append(stored_name)
+                    continue
                 if _is_skipped(model, name):
+                    continue
+                packed = _packed_destination(modules, name)
+                if packed is not None:
+                    target, start, end = packed
+                    _load_rows(name, params[target], start, end, f.get_tensor(stored_name))
+                    shards_loaded.add(name)
+                    if shards_expected[target] <= shards_loaded:
+                        loaded.add(target)
                     continue
                 if name not in params:
                     unexpected.append(name)
                     continue
                 if name in loaded:
                     raise ValueError(f"{name} appears in more than one checkpoint file in {folder}")
-                _load_one(name, params[name], f.get_tensor(name))
+                _load_one(name, params[name], f.get_tensor(stored_name))
                 loaded.add(name)
-    missing = sorted(set(params) - loaded)
+    missing = sorted(set(params) - loaded - set(shards_expected))
+    missing += sorted(shard for target, shards in shards_expected.items() for shard in shards - shards_loaded)
     if missing or unexpected:
         raise ValueError(
             f"checkpoint {folder} does not match the model: "
             f"missing parameters {missing}, unexpected tensors {sorted(unexpected)}"
         )
+    return sorted(skipped)
+
+
+def _packed_destination(modules: dict[str, nn.Module], name: str) -> tuple[str, int, int] | None:
+    """`a.b.q_proj.weight` -> (`a.b.qkv_proj.weight`, start, end) if module `a.b` packs q_proj."""
+    module_path, _, kind = name.rpartition(".")
+    owner_path, _, child = module_path.rpartition(".")
+    packed = getattr(modules.get(owner_path), "packed_projections", None)
+    if not packed or child not in packed:
+        return None
+    target, start, end = packed[child]
+    return f"{owner_path}.{target}.{kind}", start, end
+
+
+def _packed_shards(modules: dict[str, nn.Module], params: dict[str, nn.Parameter]) -> dict[str, set[str]]:
+    """Each packed parameter -> the checkpoint tensor names that fill it."""
+    shards: dict[str, set[str]] = {}
+    for owner_path, module in modules.items():
+        prefix = f"{owner_path}." if owner_path else ""
+        for child, (target, _, _) in getattr(module, "packed_projections", {}).items():
+            for kind in ("weight", "bias"):
+                if f"{prefix}{target}.{kind}" in params:
+                    shards.setdefault(f"{prefix}{target}.{kind}", set()).add(f"{prefix}{child}.{kind}")
+    return shards
+
+
+@torch.no_grad()
+def _load_rows(name: str, param: nn.Parameter, start: int, end: int, tensor: torch.Tensor) -> None:
+    if tensor.shape[0] != end - start or tensor.shape[1:] != param.shape[1:]:
+        raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} does not fit rows "
+                         f"[{start}, {end}) of a parameter of shape {tuple(param.shape)}")
+    param[start:end].copy_(tensor.to(param.dtype))
 
 
 def _is_skipped(model: nn.Module, name: str) -> bool:
@@ -81,16 +140,17 @@ def _load_one(name: str, param: nn.Parameter, tensor: torch.Tensor) -> None:
 @torch.no_grad()
 def init_random_weights(model: nn.Module, seed: int) -> None:
     """Deterministic weights for tests and demos: N(0, 0.02) for matrices and embeddings,
-    zeros for biases, ones for norm scales.
+    zeros for biases, the neutral scale for norms (ones; zeros where the norm scales by
+    `1 + weight`).
 
     Values are drawn on the CPU in fp32 from a private generator, so they depend only on
     `seed` and the model's shape: not on global RNG state, device or dtype.
     """
     generator = torch.Generator(device="cpu").manual_seed(seed)
-    norm_weights = {id(m.weight) for m in model.modules() if _is_norm(m)}
+    norm_weights = {id(m.weight): getattr(m, "init_weight", 1.0) for m in model.modules() if _is_norm(m)}
     for name, param in model.named_parameters():
         if id(param) in norm_weights:
-            param.fill_(1.0)
+            param.fill_(norm_weights[id(param)])
         elif name.endswith(".bias"):
             param.zero_()
         else:
@@ -99,4 +159,4 @@ def init_random_weights(model: nn.Module, seed: int) -> None:
 
 
 def _is_norm(module: nn.Module) -> bool:
-    return isinstance(module, (RMSNorm, nn.RMSNorm, nn.LayerNorm))
+    return isinstance(module, (RMSNorm, ZeroCenteredRMSNorm, nn.RMSNorm, nn.LayerNorm))

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from omniwalk.engine.causal_lm_executor import CausalLMExecutor
+from omniwalk.engine.cuda_graphs import DecodeGraphs
 from omniwalk.engine.kv_cache import PagedKVCache
 from omniwalk.graph import (
     BudgetSpec, Keep, Loop, ModelGraph, Node, Sequential, StreamSpec, StreamView, ToClient, Walk, WalkCall,
@@ -42,11 +43,12 @@ class TextPrompt:
 class TextGenerationModel:
     """A decoder LM served through the runtime (implements `ServedModel`)."""
 
-    def __init__(self, lm: torch.nn.Module, cache: PagedKVCache, *, max_batch_size: int = 256):
+    def __init__(self, lm: torch.nn.Module, cache: PagedKVCache, *, max_batch_size: int = 256,
+                 decode_graphs: DecodeGraphs | None = None):
         self.lm = lm
         self.cache = cache
         self.graph = text_generation_graph()
-        self.executors = {BACKBONE.name: CausalLMExecutor(lm, cache, max_batch_size=max_batch_size)}
+        self.executors = {BACKBONE.name: CausalLMExecutor(lm, cache, max_batch_size, decode_graphs)}
 
     def plan(self, view: StreamView) -> WalkCall | None:
         if view.last_walk is None:

@@ -236,7 +236,7 @@ def test_init_random_weights_is_deterministic():
         assert torch.equal(p, q), name
     assert torch.equal(first.model.norm.weight, torch.ones(64))
     assert first.lm_head.weight is first.model.embed_tokens.weight
-    assert 0.015 < first.model.layers[0].mlp.up_proj.weight.std().item() < 0.025
+    assert 0.015 < first.model.layers[0].mlp.gate_up_proj.weight.std().item() < 0.025
 
 
 @pytest.mark.parametrize("text", [

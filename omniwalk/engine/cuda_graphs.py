@@ -1,0 +1,104 @@
+"""Decode steps captured as CUDA graphs, one per batch-size bucket.
+
+A decode batch is B sequences with one new token each; with page tables padded to a
+fixed width its shapes depend on B alone, so each bucket is captured once and replayed.
+A batch of n < B sequences replays bucket B with the extra rows pointed at a scratch
+page that no sequence owns:
+
+    rows 0 .. n-1:  real sequences (token, position, slot, context length, page table)
+    rows n .. B-1:  token 0, position 0, slot = scratch page, context 0   (results dropped)
+
+The graph covers the model forward and the LM head; sampling runs after it on the
+device, so one step costs one replay, the sampler's kernels and one copy to the host.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from omniwalk.engine.attention import AttentionMetadata, PagedAttention
+from omniwalk.engine.kv_cache import PagedKVCache
+
+
+def batch_buckets(max_batch_size: int) -> list[int]:
+    buckets = [b for b in (1, 2, 4, 8) if b < max_batch_size]
+    buckets += list(range(16, max_batch_size, 16))
+    return sorted(set(buckets + [max_batch_size]))
+
+
+class DecodeGraphs:
+    def __init__(self, model: torch.nn.Module, cache: PagedKVCache, max_batch_size: int, max_pages_per_sequence: int):
+        self.model = model
+        self.cache = cache
+        self.device = cache.keys.device
+        self.buckets = batch_buckets(max_batch_size)
+        self.max_batch_size = self.buckets[-1]
+        self.max_pages = max_pages_per_sequence
+        self.scratch_page = cache.allocator.allocate(1)[0]   # owned by no sequence, ever
+        size = self.max_batch_size
+        on = dict(device=self.device)
+        self.input_ids = torch.zeros(size, dtype=torch.long, **on)
+        self.positions = torch.zeros(size, dtype=torch.long, **on)
+        self.slots = torch.full((size,), self.scratch_page * cache.page_size, dtype=torch.long, **on)
+        self.context_lens = torch.zeros(size, dtype=torch.int32, **on)
+        self.query_start = torch.arange(size + 1, dtype=torch.int32, **on)
+        self.page_table = torch.full((size, self.max_pages), self.scratch_page, dtype=torch.int32, **on)
+        # pinned staging: [ids; positions; slots] and [context_len, page table...]
+        self.host_longs = torch.zeros(3, size, dtype=torch.long, pin_memory=True)
+        self.host_ints = torch.zeros(size, 1 + self.max_pages, dtype=torch.int32, pin_memory=True)
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+
+    def _forward(self, batch: int) -> torch.Tensor:
+        meta = AttentionMetadata(
+            slot_mapping=self.slots[:batch], query_start=self.query_start[: batch + 1],
+            context_lens_tensor=self.context_lens[:batch], page_table_tensor=self.page_table[:batch],
+            max_query_len=1,
+        )
+        hidden = self.model(self.input_ids[:batch], self.positions[:batch], PagedAttention(self.cache, meta))
+        return self.model.compute_logits(hidden)   # [batch, vocab] fp32
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        pool = None
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for batch in reversed(self.buckets):   # largest first: smaller ones reuse its memory
+                for _ in range(2):
+                    self._forward(batch)           # warm up (Triton autotune/compile, allocator)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool, stream=stream):
+                    logits = self._forward(batch)
+                pool = graph.pool()
+                self.graphs[batch] = (graph, logits)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        torch.cuda.synchronize(self.device)
+
+    def fits(self, batch: int, max_pages: int) -> bool:
+        return batch <= self.max_batch_size and max_pages <= self.max_pages
+
+    def run(self, input_ids: list[int], positions: list[int], slots: list[int],
+            context_lens: list[int], page_tables: list[list[int]]) -> torch.Tensor:
+        """Logits [n, vocab] of one decode step of n sequences."""
+        n = len(input_ids)
+        batch = next(b for b in self.buckets if b >= n)
+        longs = self.host_longs.numpy()
+        longs[0, :n], longs[1, :n], longs[2, :n] = input_ids, positions, slots
+        longs[0, n:batch] = 0
+        longs[1, n:batch] = 0
+        longs[2, n:batch] = self.scratch_page * self.cache.page_size
+        width = max(len(table) for table in page_tables)
+        ints = self.host_ints.numpy()
+        ints[:n, 0] = context_lens
+        ints[n:batch, 0] = 0
+        for row, table in enumerate(page_tables):
+            ints[row, 1 : 1 + len(table)] = table
+        ints[n:batch, 1] = self.scratch_page
+        self.input_ids[:batch].copy_(self.host_longs[0, :batch], non_blocking=True)
+        self.positions[:batch].copy_(self.host_longs[1, :batch], non_blocking=True)
+        self.slots[:batch].copy_(self.host_longs[2, :batch], non_blocking=True)
+        self.context_lens[:batch].copy_(self.host_ints[:batch, 0], non_blocking=True)
+        self.page_table[:batch, :width].copy_(self.host_ints[:batch, 1 : 1 + width], non_blocking=True)
+        graph, logits = self.graphs[batch]
+        graph.replay()
+        return logits[:n]

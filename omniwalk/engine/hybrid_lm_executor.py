@@ -1,0 +1,93 @@
+"""Runs a hybrid decoder (attention layers + recurrent layers, e.g. Qwen3.5) as a node.
+
+Everything of `CausalLMExecutor` holds (chunked prefill, decode steps, sampling); each
+stream additionally holds one slot of a `StatePool` beside its KV pages:
+
+    resource     attention layers          recurrent layers (Gated DeltaNet)
+    -----------  ------------------------  ------------------------------------
+    size         grows: a page per         fixed: one slot (conv + recurrent
+                 page_size tokens          state per layer)
+    taken        reserve()                 reserve(), the first time it runs
+    freed        release / preempt         release / preempt
+    a retry      rewrites the same slots   reads the committed state again
+
+Chunked prefill carries the state from chunk to chunk through the slot. Preemption frees
+the pages and the slot and recomputes from token 0, from an empty state. Prefix caching
+must stay off for hybrid models (see `omniwalk.engine.state_pool`).
+
+A forward pass reads the slots, computes new states aside (`StateBatch`), and writes them
+back only once the whole step (forward and sampling) succeeded, so a failed batch leaves
+every stream's state as it was, as the `NodeExecutor` contract asks.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from omniwalk.engine.attention import PagedAttention, build_metadata
+from omniwalk.engine.causal_lm_executor import CausalLMExecutor
+from omniwalk.engine.kv_cache import PagedKVCache
+from omniwalk.engine.state_pool import StateBatch, StatePool
+from omniwalk.runtime.executor import NodeCall
+
+
+class HybridLMExecutor(CausalLMExecutor):
+    """`CausalLMExecutor` for a model called as `model(input_ids, positions, attention, states)`."""
+
+    def __init__(self, model: torch.nn.Module, cache: PagedKVCache, state_pool: StatePool,
+                 max_batch_size: int = 256):
+        # Eager only for now: the CUDA-graph decode path comes with the fla-core kernels.
+        super().__init__(model, cache, max_batch_size)
+        self.state_pool = state_pool
+        self._states: StateBatch | None = None   # the running step's new states, until it commits
+
+    # ------------------------------------------------------------ resources
+
+    def can_reserve(self, stream, num_tokens: int) -> bool:
+        has_slot = self.state_pool.holds(stream.handle) or self.state_pool.can_allocate()
+        return has_slot and super().can_reserve(stream, num_tokens)
+
+    def reserve(self, stream, num_tokens: int) -> None:
+        super().reserve(stream, num_tokens)
+        if not self.state_pool.holds(stream.handle):
+            self.state_pool.allocate(stream.handle)
+
+    def holds_state(self, stream) -> bool:
+        return super().holds_state(stream) or self.state_pool.holds(stream.handle)
+
+    def preempt(self, stream) -> None:
+        super().preempt(stream)
+        self.state_pool.free(stream.handle)
+
+    def release(self, stream) -> None:
+        super().release(stream)
+        self.state_pool.free(stream.handle)
+
+    # ------------------------------------------------------------ the step
+
+    @torch.inference_mode()
+    def run(self, calls: list[NodeCall]) -> list[dict | None]:
+        self._states = None
+        results = super().run(calls)     # raises before anything is committed
+        self._states.commit()
+        self._states = None
+        return results
+
+    def _forward_eager(self, calls, sequences, done) -> torch.Tensor:
+        input_ids, positions = [], []
+        for call, sequence in zip(calls, sequences):
+            start = sequence.num_computed
+            input_ids.extend(sequence.token_ids[start : start + call.num_tokens])
+            positions.extend(range(start, start + call.num_tokens))
+        query_lens = [call.num_tokens for call in calls]
+        handles = [call.stream.handle for call in calls]
+        metadata = build_metadata(self.cache, handles, [s.num_computed for s in sequences], query_lens, self.device)
+        self._states = StateBatch(self.state_pool, [self.state_pool.slots[h] for h in handles], query_lens)
+        hidden = self.model(
+            torch.tensor(input_ids, dtype=torch.long).to(self.device, non_blocking=True),
+            torch.tensor(positions, dtype=torch.long).to(self.device, non_blocking=True),
+            PagedAttention(self.cache, metadata),
+            self._states,
+        )  # [num_tokens, hidden]
+        ends = torch.tensor(query_lens).cumsum(0) - 1
+        return self.model.compute_logits(hidden[ends[done].to(self.device)])   # [num_done, vocab] fp32

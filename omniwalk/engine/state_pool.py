@@ -1,0 +1,144 @@
+"""Recurrent state of linear-attention layers: one fixed-size slot per sequence.
+
+A Gated DeltaNet (or Mamba) layer summarizes a sequence's whole past in a state of fixed
+size, unlike attention, whose KV cache grows a page at a time. Per recurrent layer a
+slot holds the short-convolution state and the recurrent state:
+
+    conv:       [num_layers, num_slots, conv_dim, conv_kernel - 1]       model dtype
+    recurrent:  [num_layers, num_slots, heads, key_dim, value_dim]        fp32
+
+    handle 7 -> slot 2:   conv[:, 2], recurrent[:, 2]   (every recurrent layer)
+
+A slot is taken the first time a sequence runs and given back when it ends or is
+preempted; a newly taken slot holds the empty state (zeros), so a preempted sequence
+recomputes from scratch, exactly like its dropped KV pages.
+
+The state cannot be rewound: it has absorbed every token. So prefix caching (sharing KV
+pages of a common prompt prefix) cannot apply to hybrid models as it does to attention:
+it would also need a state snapshot at each shared page boundary. Prefix caching is not
+implemented yet; when it is, hybrid models must keep it off until such snapshots exist.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class StatePoolShape:
+    num_layers: int         # layers with a recurrent state (not the attention layers)
+    conv_dim: int           # channels of the short convolution
+    conv_kernel: int        # its taps; the state keeps the last conv_kernel - 1 inputs
+    num_heads: int          # recurrent state: [num_heads, key_dim, value_dim]
+    key_dim: int
+    value_dim: int
+    num_slots: int
+
+    def __post_init__(self):
+        if self.num_layers < 0:
+            raise ValueError(f"num_layers must be >= 0, got {self.num_layers}")
+        for name in ("conv_dim", "conv_kernel", "num_heads", "key_dim", "value_dim", "num_slots"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+    def bytes_per_slot(self, dtype: torch.dtype) -> int:
+        conv = self.conv_dim * (self.conv_kernel - 1) * torch.tensor([], dtype=dtype).element_size()
+        recurrent = self.num_heads * self.key_dim * self.value_dim * 4
+        return self.num_layers * (conv + recurrent)
+
+
+class StatePool:
+    """State slots of one node's sequences, keyed by integer handles chosen by the caller.
+
+    Check with `can_allocate`, then `allocate`; `free` at release or preemption.
+    """
+
+    def __init__(self, shape: StatePoolShape, dtype: torch.dtype, device: torch.device | str):
+        self.shape = shape
+        s = shape
+        self.conv = torch.zeros((s.num_layers, s.num_slots, s.conv_dim, s.conv_kernel - 1), dtype=dtype, device=device)
+        # fp32 whatever the model dtype: the state accumulates over the whole sequence
+        self.recurrent = torch.zeros((s.num_layers, s.num_slots, s.num_heads, s.key_dim, s.value_dim),
+                                     dtype=torch.float32, device=device)
+        self._free = list(range(s.num_slots - 1, -1, -1))   # pop from the end: low slots first
+        self.slots: dict[int, int] = {}                     # handle -> slot
+
+    @property
+    def num_slots(self) -> int:
+        return self.shape.num_slots
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def holds(self, handle: int) -> bool:
+        return handle in self.slots
+
+    def can_allocate(self) -> bool:
+        return bool(self._free)
+
+    def allocate(self, handle: int) -> int:
+        """A slot holding the empty state for `handle` (which must hold none)."""
+        if handle in self.slots:
+            raise RuntimeError(f"handle {handle} already holds slot {self.slots[handle]}")
+        if not self._free:
+            raise RuntimeError("no free state slot")
+        slot = self._free.pop()
+        self.conv[:, slot].zero_()
+        self.recurrent[:, slot].zero_()
+        self.slots[handle] = slot
+        return slot
+
+    def free(self, handle: int) -> None:
+        slot = self.slots.pop(handle, None)
+        if slot is not None:
+            self._free.append(slot)
+
+
+class StateBatch:
+    """The recurrent states of one forward pass over a ragged batch.
+
+    Layers read their sequences' states, and hand back new ones; nothing reaches the pool
+    until `commit`, so a pass that raises leaves every sequence's state as it was (the
+    runtime then retries its calls one by one). Sequence b owns rows [start_b, start_b +
+    query_lens[b]) of the flat token dimension:
+
+        flat tokens:  [ seq0: 5 prefill tokens | seq1: 1 decode token | seq2: 3 chunk tokens ]
+        decode_rows:  [1]          (one batched recurrent step for all of them)
+        prefills:     [(0, 0, 5), (2, 6, 3)]     (sequence, first token, length)
+    """
+
+    def __init__(self, pool: StatePool, slots: list[int], query_lens: list[int]):
+        self.pool = pool
+        self.query_lens = list(query_lens)
+        device = pool.conv.device
+        self.slot_index = torch.tensor(slots, dtype=torch.long, device=device)
+        starts = [0]
+        for n in query_lens[:-1]:
+            starts.append(starts[-1] + n)
+        decode = [b for b, n in enumerate(query_lens) if n == 1]
+        self.decode_rows = torch.tensor(decode, dtype=torch.long, device=device)         # sequences
+        self.decode_tokens = torch.tensor([starts[b] for b in decode], dtype=torch.long, device=device)
+        self.prefills = [(b, starts[b], n) for b, n in enumerate(query_lens) if n > 1]
+        self._pending: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    @property
+    def num_sequences(self) -> int:
+        return len(self.query_lens)
+
+    def read(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of (conv [B, conv_dim, K-1], recurrent [B, heads, key_dim, value_dim]) of recurrent layer `layer`."""
+        return (self.pool.conv[layer].index_select(0, self.slot_index),
+                self.pool.recurrent[layer].index_select(0, self.slot_index))
+
+    def write(self, layer: int, conv: torch.Tensor, recurrent: torch.Tensor) -> None:
+        """The states after this pass (same shapes as `read`); kept aside until `commit`."""
+        self._pending[layer] = (conv, recurrent)
+
+    def commit(self) -> None:
+        for layer, (conv, recurrent) in self._pending.items():
+            self.pool.conv[layer].index_copy_(0, self.slot_index, conv.to(self.pool.conv.dtype))
+            self.pool.recurrent[layer].index_copy_(0, self.slot_index, recurrent.float())
+        self._pending.clear()

@@ -1,0 +1,183 @@
+"""Fused elementwise ops for the GPU decode path, with the torch reference beside each.
+
+A decode step of a small model is dominated by kernel count, not FLOPs: unfused, one
+RMSNorm is six kernels and one rotary ten. Each op here is one Triton kernel on CUDA
+and plain torch elsewhere, and both round exactly where transformers rounds in bf16
+(normalize in fp32, cast, then scale; rotate in the activation dtype), so the GPU path
+stays bit-close to the reference and the CPU path is the reference.
+
+CI runs the kernels in Triton's interpreter against the torch versions
+(tests/layers/test_fused_ops.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:   # CPU-only installs: the torch paths below need no Triton
+    triton = None
+
+
+def use_triton(x: torch.Tensor) -> bool:
+    return triton is not None and x.is_cuda
+
+
+# ----------------------------------------------------------------------------- references
+
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    normed = x.float()
+    normed = normed * torch.rsqrt(normed.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * normed.to(x.dtype)
+
+
+def rotary_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: [num_tokens, num_heads, head_dim]; cos, sin: [num_tokens, rotary_dim] fp32
+    rotary_dim = cos.shape[-1]
+    cos = cos[:, None, :].to(x.dtype)   # like transformers: rotate in the activation dtype
+    sin = sin[:, None, :].to(x.dtype)
+    x_rot, x_pass = x[..., :rotary_dim], x[..., rotary_dim:]
+    first, second = x_rot.chunk(2, dim=-1)
+    rotated = x_rot * cos + torch.cat((-second, first), dim=-1) * sin
+    return rotated if rotary_dim == x.shape[-1] else torch.cat((rotated, x_pass), dim=-1)
+
+
+# ----------------------------------------------------------------------------- public ops
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim (any leading shape)."""
+    if not use_triton(x):
+        return rms_norm_reference(x, weight, eps)
+    return _launch_norm(x, None, weight, eps)[0]
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
+    """(norm(x + residual), x + residual): the residual add fused into the next norm."""
+    if not use_triton(x):
+        summed = x + residual
+        return rms_norm_reference(summed, weight, eps), summed
+    return _launch_norm(x, residual, weight, eps)
+
+
+def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    if not use_triton(gate):
+        return F.silu(gate) * up
+    out = torch.empty_like(gate)
+    gate2, up2, out2 = gate.reshape(-1, gate.shape[-1]), up.reshape(-1, up.shape[-1]), out.view(-1, gate.shape[-1])
+    rows, width = gate2.shape
+    block = min(4096, triton.next_power_of_2(width))
+    _silu_mul_kernel[(rows, triton.cdiv(width, block))](
+        gate2, up2, out2, gate2.stride(0), up2.stride(0), width, BLOCK=block)
+    return out
+
+
+def norm_rotary(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
+                cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Optional per-head RMSNorm (Qwen3's QK-norm) then rotary, one kernel on CUDA.
+
+    x: [num_tokens, num_heads, head_dim] (rows may be strided views of a fused projection)
+    """
+    if not use_triton(x):
+        if weight is not None:
+            x = rms_norm_reference(x, weight, eps)
+        return rotary_reference(x, cos, sin)
+    num_tokens, num_heads, head_dim = x.shape
+    rotary_dim = cos.shape[-1]
+    out = torch.empty((num_tokens, num_heads, head_dim), dtype=x.dtype, device=x.device)
+    _norm_rotary_kernel[(num_tokens, num_heads)](
+        x, weight if weight is not None else x, cos, sin, out,
+        x.stride(0), x.stride(1), cos.stride(0), eps,
+        HAS_NORM=weight is not None, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
+        HALF=rotary_dim // 2, BLOCK_HALF=triton.next_power_of_2(rotary_dim // 2),
+    )
+    return out
+
+
+def _launch_norm(x, residual, weight, eps):
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])
+    rows, width = x2.shape
+    out = torch.empty_like(x2)
+    residual_out = torch.empty_like(x2) if residual is not None else x2
+    residual2 = residual.reshape(-1, shape[-1]) if residual is not None else x2
+    _add_rms_norm_kernel[(rows,)](
+        x2, residual2, weight, out, residual_out,
+        x2.stride(0), residual2.stride(0), eps, width,
+        HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(width),
+    )
+    return out.view(shape), (residual_out.view(shape) if residual is not None else None)
+
+
+# ----------------------------------------------------------------------------- kernels
+
+if triton is not None:
+
+    @triton.jit
+    def _add_rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr,
+                             stride_x, stride_residual, eps, width,
+                             HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        cols = tl.arange(0, BLOCK)
+        mask = cols < width
+        x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+        if HAS_RESIDUAL:
+            r = tl.load(residual_ptr + row * stride_residual + cols, mask=mask, other=0.0)
+            x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)   # rounded like a torch add
+            tl.store(residual_out_ptr + row * width + cols, x, mask=mask)
+        xf = x.to(tl.float32)
+        inv = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / width + eps)
+        normed = (xf * inv).to(x.dtype)
+        w = tl.load(weight_ptr + cols, mask=mask, other=0.0)
+        tl.store(out_ptr + row * width + cols, (w.to(tl.float32) * normed.to(tl.float32)).to(x.dtype), mask=mask)
+
+    @triton.jit
+    def _silu_mul_kernel(gate_ptr, up_ptr, out_ptr, stride_gate, stride_up, width, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = cols < width
+        g = tl.load(gate_ptr + row * stride_gate + cols, mask=mask, other=0.0)
+        u = tl.load(up_ptr + row * stride_up + cols, mask=mask, other=0.0)
+        gf = g.to(tl.float32)
+        silu = (gf / (1.0 + tl.exp(-gf))).to(g.dtype)
+        tl.store(out_ptr + row * width + cols, (silu.to(tl.float32) * u.to(tl.float32)).to(g.dtype), mask=mask)
+
+    @triton.jit
+    def _norm_rotary_kernel(x_ptr, weight_ptr, cos_ptr, sin_ptr, out_ptr,
+                            stride_token, stride_head, stride_cos, eps,
+                            HAS_NORM: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                            HALF: tl.constexpr, BLOCK_HALF: tl.constexpr):
+        token = tl.program_id(0)
+        head = tl.program_id(1)
+        src = x_ptr + token * stride_token + head * stride_head
+        dst = out_ptr + (token * tl.num_programs(1) + head) * HEAD_DIM
+        dims = tl.arange(0, BLOCK_D)
+        dim_mask = dims < HEAD_DIM
+        x = tl.load(src + dims, mask=dim_mask, other=0.0)
+        dtype = x.dtype
+        if HAS_NORM:
+            xf = x.to(tl.float32)
+            inv = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / HEAD_DIM + eps)
+            w = tl.load(weight_ptr + dims, mask=dim_mask, other=0.0)
+            x = (w.to(tl.float32) * (xf * inv).to(dtype).to(tl.float32)).to(dtype)
+        tl.store(dst + dims, x, mask=dim_mask & (dims >= 2 * HALF))   # the part left unrotated
+        half = tl.arange(0, BLOCK_HALF)
+        half_mask = half < HALF
+        xa = tl.load(src + half, mask=half_mask, other=0.0)
+        xb = tl.load(src + HALF + half, mask=half_mask, other=0.0)
+        if HAS_NORM:   # the same normalization, on the two rotated halves
+            wa = tl.load(weight_ptr + half, mask=half_mask, other=0.0).to(tl.float32)
+            wb = tl.load(weight_ptr + HALF + half, mask=half_mask, other=0.0).to(tl.float32)
+            xa = (wa * (xa.to(tl.float32) * inv).to(dtype).to(tl.float32)).to(dtype)
+            xb = (wb * (xb.to(tl.float32) * inv).to(dtype).to(tl.float32)).to(dtype)
+        c = tl.load(cos_ptr + token * stride_cos + half, mask=half_mask, other=0.0).to(dtype).to(tl.float32)
+        s = tl.load(sin_ptr + token * stride_cos + half, mask=half_mask, other=0.0).to(dtype).to(tl.float32)
+        xa = xa.to(tl.float32)
+        xb = xb.to(tl.float32)
+        # out = x * cos + rotate_half(x) * sin, each product rounded to the activation dtype
+        first = ((xa * c).to(dtype).to(tl.float32) + (-xb * s).to(dtype).to(tl.float32)).to(dtype)
+        second = ((xb * c).to(dtype).to(tl.float32) + (xa * s).to(dtype).to(tl.float32)).to(dtype)
+        tl.store(dst + half, first, mask=half_mask)
+        tl.store(dst + HALF + half, second, mask=half_mask)

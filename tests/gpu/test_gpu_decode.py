@@ -1,0 +1,69 @@
+"""GPU paths (run on the device machine with `-m gpu`): CUDA-graph decode, the Triton
+kernels inside the model, bf16 parity with HF, and the budget contract on CUDA."""
+
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from omniwalk import Engine, EngineArgs, GenerationRequest, SamplingParams
+
+pytestmark = pytest.mark.gpu
+TOKENIZER_DIR = Path(__file__).parents[2] / "omniwalk" / "models" / "assets" / "tiny-tokenizer"
+PROMPTS = ["The quick brown fox", "Once upon a time, in a land far away,", "1 2 3 4 5 6 7 8 9 10 11"]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(TOKENIZER_DIR))
+    config = transformers.Qwen3Config(
+        vocab_size=len(tokenizer), hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+        num_attention_heads=8, num_key_value_heads=2, head_dim=32, max_position_embeddings=1024,
+        eos_token_id=0, initializer_range=0.3, tie_word_embeddings=True, attn_implementation="eager",
+    )
+    torch.manual_seed(0)
+    model = transformers.Qwen3ForCausalLM(config).eval()
+    folder = tmp_path_factory.mktemp("qwen3")
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder, tokenizer
+
+
+def greedy_requests(max_tokens, **kw):
+    return [GenerationRequest(prompt=p, max_tokens=max_tokens, sampling=SamplingParams(temperature=0.0), **kw)
+            for p in PROMPTS]
+
+
+def test_cuda_graph_ids_equal_eager(checkpoint):
+    folder, _ = checkpoint
+    runs = {}
+    for eager in (False, True):
+        with Engine(EngineArgs(str(folder), device="cuda", dtype="float32", enforce_eager=eager, kv_cache_tokens=65536,
+                               max_num_seqs=8)) as engine:
+            assert (engine.model.executors["backbone"].decode_graphs is None) == eager
+            runs[eager] = [r.token_ids for r in engine.generate(greedy_requests(48, ignore_eos=True))]
+    assert runs[False] == runs[True]
+
+
+def test_bf16_greedy_equals_hf_bf16_generate(checkpoint):
+    folder, tokenizer = checkpoint
+    hf = transformers.Qwen3ForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).cuda().eval()
+    with Engine(EngineArgs(str(folder), device="cuda", dtype="bfloat16", kv_cache_tokens=65536)) as engine:
+        results = engine.generate(greedy_requests(32, ignore_eos=True))
+    for prompt, result in zip(PROMPTS, results):
+        ids = tokenizer(prompt, return_tensors="pt").input_ids.cuda()
+        out = hf.generate(ids, max_new_tokens=32, min_new_tokens=32, do_sample=False, pad_token_id=0)
+        assert result.token_ids == out[0, ids.shape[1]:].tolist()
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 64])
+def test_budget_contract_on_cuda(checkpoint, n):
+    folder, _ = checkpoint
+    with Engine(EngineArgs(str(folder), device="cuda", dtype="bfloat16", max_num_seqs=16, kv_cache_tokens=65536)) as engine:
+        results = engine.generate(greedy_requests(n, ignore_eos=True) * 4)
+        assert [len(r.token_ids) for r in results] == [n] * 12
+        assert all(r.finish_reason == "length" for r in results)
+        streamed = list(engine.stream(PROMPTS[0], max_tokens=n, ignore_eos=True))
+        assert [t for c in streamed for t in c.token_ids] == results[0].token_ids
+        assert engine.runtime.walk_counts["decode"] == (0 if n == 1 else 13)
