@@ -69,10 +69,14 @@ class CausalLMExecutor(NodeExecutor):
 
     def begin(self, stream, inputs) -> None:
         tokens = inputs["tokens"]
-        tokens = [tokens] if isinstance(tokens, int) else list(tokens)
+        sequence = self.sequences.get(stream.handle)
+        if sequence is None:
+            sequence = self.sequences[stream.handle] = SequenceState()
+        if isinstance(tokens, int):        # a decode step: the token sampled last
+            sequence.token_ids.append(tokens)
+            return
         if not tokens:
             raise ValueError("a call with no tokens")
-        sequence = self.sequences.setdefault(stream.handle, SequenceState())
         if sequence.prompt_len is None:
             sequence.prompt_len = len(tokens)
         sequence.token_ids.extend(tokens)
@@ -157,7 +161,7 @@ class CausalLMExecutor(NodeExecutor):
     def _sample(self, calls: list[NodeCall], logits: torch.Tensor) -> list[tuple[int, TokenLogprobs | None]]:
         # logits: [num_done, vocab] float32
         sequences = [self.sequences[call.stream.handle] for call in calls]
-        for row, (call, sequence) in enumerate(zip(calls, sequences)):
+        for row, call in enumerate(calls):
             stop = call.stream.params.stop
             if call.stream.count < stop.min_items:   # no stop item before min_tokens (as HF/vLLM)
                 banned = [t for t in stop.stopping_ids() if t < logits.shape[1]]
@@ -165,11 +169,13 @@ class CausalLMExecutor(NodeExecutor):
         if self.logits_mask is not None:   # the model's rule for what may be sampled at all
             self.logits_mask(logits, calls, [s.output_ids for s in sequences])
         params = [call.stream.params.sampling for call in calls]
+        # token histories only matter to penalties: skip copying prompts otherwise
+        penalized = any(p.has_penalties for p in params)
         out = self.sampler(
             logits, params,
             seeds=[call.stream.params.seed for call in calls],
             sample_indices=[len(s.output_ids) for s in sequences],
-            prompt_token_ids=[s.token_ids[: s.prompt_len] for s in sequences],
+            prompt_token_ids=[s.token_ids[: s.prompt_len] if penalized else [] for s in sequences],
             output_token_ids=[s.output_ids for s in sequences],
         )
         token_ids = out.token_ids.tolist()   # the one device-to-host copy of the step

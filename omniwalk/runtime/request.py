@@ -22,12 +22,17 @@ class StopConfig:
     ignore_eos: bool = False
     min_items: int = 0                       # stop items before this many items don't stop
 
+    def __post_init__(self):
+        # checked for every item of every stream: computed once
+        stopping = self.stop_ids if self.ignore_eos else self.eos_ids | self.stop_ids
+        object.__setattr__(self, "_stopping", frozenset(stopping))
+
     def stopping_ids(self) -> frozenset[int]:
-        return self.stop_ids if self.ignore_eos else self.eos_ids | self.stop_ids
+        return self._stopping
 
     def check(self, item: Any, count_before: int, limit: int | None) -> str | None:
         """Finish reason after emitting `item` as item number `count_before` (0-based)."""
-        if count_before >= self.min_items and item in self.stopping_ids():
+        if count_before >= self.min_items and item in self._stopping:
             return FinishReason.STOP
         if limit is not None and count_before + 1 >= limit:
             return FinishReason.LENGTH

@@ -256,20 +256,22 @@ class Runtime:
     def _form_batch(self, node: str, streams: list[StreamState]) -> list[NodeCall]:
         executor = self.executors[node]
         budget = self.config.max_num_batched_tokens
-        streams.sort(key=lambda s: (executor.pending_work(s) > 1, s.order))
+        work = {stream.handle: executor.pending_work(stream) for stream in streams}
+        streams.sort(key=lambda s: (work[s.handle] > 1, s.order))
         calls: list[NodeCall] = []
         chosen: set[int] = set()
         for stream in streams:
             if len(calls) >= executor.max_batch_size or budget <= 0:
                 break
-            work = executor.pending_work(stream)
-            num = min(work, budget) if executor.chunkable else work
+            num = min(work[stream.handle], budget) if executor.chunkable else work[stream.handle]
             if num > budget and calls:
                 continue
-            if not executor.can_reserve(stream, num) and executor.holds_state(stream):
-                self._preempt_younger(node, stream, num, chosen)
             if not executor.can_reserve(stream, num):
-                continue   # waits for resources; never a crash
+                if not executor.holds_state(stream):
+                    continue   # never ran here: waits for resources; never a crash
+                self._preempt_younger(node, stream, num, chosen)
+                if not executor.can_reserve(stream, num):
+                    continue
             executor.reserve(stream, num)
             calls.append(NodeCall(stream, stream.call_inputs, num))
             chosen.add(stream.handle)
