@@ -39,6 +39,7 @@ class EngineArgs:
     max_num_batched_tokens: int = 2048
     max_queue: int = 1024
     enforce_eager: bool = False         # CUDA only: no CUDA graphs for decode
+    enable_prefix_caching: bool = True  # share the KV pages of common prompt prefixes
     codec: str | None = None            # TTS checkpoints: local codec folder (Orpheus: SNAC); None: <model>/snac
 
     def __post_init__(self):
@@ -169,7 +170,7 @@ def load_text_model(args: EngineArgs, family, folder: Path | None) -> LoadedMode
 
     max_model_len = min(config.max_position_embeddings, args.max_model_len or config.max_position_embeddings)
     shape = kv_cache_shape(args, config, device, dtype)
-    cache = PagedKVCache(shape, dtype, device)
+    cache = PagedKVCache(shape, dtype, device, enable_prefix_caching=args.enable_prefix_caching)
     graphs = None
     if device.type == "cuda" and not args.enforce_eager:
         graphs = DecodeGraphs(lm, cache, args.max_num_seqs, -(-max_model_len // args.page_size))

@@ -80,6 +80,8 @@ class CausalLMExecutor(NodeExecutor):
         if sequence.prompt_len is None:
             sequence.prompt_len = len(tokens)
         sequence.token_ids.extend(tokens)
+        if sequence.num_computed == 0:   # shared prompt prefixes are computed once
+            sequence.num_computed = self.cache.match_prefix(stream.handle, sequence.token_ids)
 
     def pending_work(self, stream) -> int:
         sequence = self.sequences[stream.handle]
@@ -92,11 +94,11 @@ class CausalLMExecutor(NodeExecutor):
         self.cache.reserve(stream.handle, self.sequences[stream.handle].num_computed + num_tokens)
 
     def holds_state(self, stream) -> bool:
-        return stream.handle in self.cache.page_tables
+        return bool(self.cache.page_tables.get(stream.handle))
 
     def preempt(self, stream) -> None:
         self.cache.free(stream.handle)
-        self.sequences[stream.handle].num_computed = 0
+        self.sequences[stream.handle].num_computed = 0   # recomputed from scratch when it runs again
 
     def release(self, stream) -> None:
         self.cache.free(stream.handle)
@@ -121,6 +123,7 @@ class CausalLMExecutor(NodeExecutor):
         # Commit only after everything succeeded: a failed batch is retried call by call.
         for call, sequence in zip(calls, sequences):
             sequence.num_computed += call.num_tokens
+            self.cache.register_full_pages(call.stream.handle, sequence.token_ids, sequence.num_computed)
         results: list[dict | None] = [None] * len(calls)
         for index, (token, logprobs) in zip(done, samples):
             self.sequences[calls[index].stream.handle].output_ids.append(token)

@@ -1,0 +1,65 @@
+"""Prefix caching: shared prompt prefixes are computed once, and outputs do not change."""
+
+import random
+
+import pytest
+
+from omniwalk import Engine, EngineArgs, GenerationRequest, SamplingParams
+from omniwalk.engine.kv_cache import KVCacheShape, PagedKVCache
+
+
+def test_pages_are_shared_refcounted_and_evicted_last_freed_first():
+    cache = PagedKVCache(KVCacheShape(1, 1, 4, page_size=4, num_pages=6), dtype=__import__("torch").float32,
+                         device="cpu", enable_prefix_caching=True)
+    prompt = list(range(10))                       # pages [0-3] [4-7] and 2 more tokens
+    assert cache.match_prefix(0, prompt) == 0
+    cache.reserve(0, 10)
+    cache.register_full_pages(0, prompt, 10)
+    first_pages = list(cache.page_tables[0])
+    # a second prompt with the same 8-token prefix shares both full pages
+    assert cache.match_prefix(1, prompt[:8] + [99, 98, 97]) == 8
+    assert cache.page_tables[1] == first_pages[:2]
+    # a prompt that is exactly the cached pages leaves its last token to compute
+    assert cache.match_prefix(2, prompt[:8]) == 4
+    cache.free(0), cache.free(1), cache.free(2)
+    assert cache.allocator.num_free == 6           # evictable pages count as free
+    assert len(cache.allocator.evictable) == 2
+    # allocating everything evicts the cached pages, and they are then forgotten
+    cache.reserve(3, 24)
+    assert not cache.cached_pages and cache.match_prefix(4, prompt) == 0
+
+
+@pytest.mark.parametrize("model", ["tiny-qwen3", "tiny-llama"])
+def test_outputs_identical_with_prefix_caching_on_and_off(model):
+    rng = random.Random(3)
+    system = "You are a helpful assistant. Answer briefly and precisely. " * 3
+    requests = [
+        GenerationRequest(prompt=system + f"Question {i}: " + " ".join(rng.choice(["cat", "dog", "fox"]) for _ in range(i + 1)),
+                          max_tokens=12 + i, ignore_eos=True,
+                          sampling=SamplingParams(temperature=0.0 if i % 2 else 0.8, seed=i))
+        for i in range(8)
+    ]
+    outputs = {}
+    for enabled in (False, True):
+        args = EngineArgs(model, enable_prefix_caching=enabled, page_size=8, max_num_batched_tokens=64)
+        with Engine(args) as engine:
+            first = engine.generate(requests[:1])          # fills the cache with the shared prefix
+            rest = engine.generate(requests[1:])
+            outputs[enabled] = [r.token_ids for r in first + rest]
+            cache = engine.model.cache
+            assert (cache.num_cached_tokens_hit > 0) == enabled
+            assert cache.allocator.num_free == cache.allocator.num_pages
+    assert outputs[True] == outputs[False]
+
+
+def test_prefix_caching_under_preemption_keeps_outputs():
+    prompts = [("shared words " * 6) + f"tail {i}" for i in range(6)]
+    results = {}
+    for kv_tokens in (None, 200):
+        args = EngineArgs("tiny-qwen3", kv_cache_tokens=kv_tokens, page_size=8, max_num_batched_tokens=32)
+        with Engine(args) as engine:
+            results[kv_tokens] = [r.token_ids for r in engine.generate(prompts, max_tokens=30, ignore_eos=True)]
+            if kv_tokens:
+                assert engine.runtime.num_preemptions > 0
+            assert engine.model.cache.allocator.num_free == engine.model.cache.allocator.num_pages
+    assert results[None] == results[200]
