@@ -168,7 +168,7 @@ class TextOutputProcessor:
 
     def process(self, out: RequestOutput) -> GenerationChunk:
         ids = [] if self.ends_request else out.items.get((TEXT_STREAM, "tokens"), [])
-        logprobs = [] if self.ends_request else out.items.get((TEXT_STREAM, "logprobs"), [])
+        logprobs = [] if self.ends_request else out.items.get((TEXT_STREAM, "logprobs")) or [None] * len(ids)
         text = []
         for position, token in enumerate(ids):
             is_stop_item = out.finished and out.finish_reason == FinishReason.STOP and position == len(ids) - 1 \
@@ -218,6 +218,11 @@ class Engine:
         self.loop_error: BaseException | None = None
         self.last_heartbeat = time.monotonic()
         self.steps = 0
+        # Output processing (detokenization, stop strings) runs on its own thread, mostly
+        # while the loop thread waits on the GPU with the interpreter lock released.
+        self._outputs: queue.SimpleQueue = queue.SimpleQueue()
+        self._output_thread = threading.Thread(target=self._process_outputs, name="omniwalk-outputs", daemon=True)
+        self._output_thread.start()
         self._thread = threading.Thread(target=self._loop, name="omniwalk-engine-loop", daemon=True)
         self._thread.start()
 
@@ -323,6 +328,8 @@ class Engine:
         self._stopping = True
         self._wakeup.set()
         self._thread.join(timeout=10)
+        self._outputs.put(None)
+        self._output_thread.join(timeout=10)
 
     def __enter__(self):
         return self
@@ -349,15 +356,16 @@ class Engine:
                     self._wakeup.wait(timeout=0.5)
                     self._wakeup.clear()
                     continue
-                for out in self.runtime.step():
-                    self._deliver(out)
+                outputs = self.runtime.step()
+                if outputs:
+                    self._outputs.put(outputs)
                 self.steps += 1
         except BaseException as exc:   # keep the process up; /health reports it
             logger.exception("engine loop died")
             self.loop_error = exc
-            for request_id in list(self._in_flight):
-                self._deliver(RequestOutput(request_id, finished=True, finish_reason=FinishReason.ERROR,
-                                            error=f"engine loop died: {exc!r}"))
+            self._outputs.put([RequestOutput(request_id, finished=True, finish_reason=FinishReason.ERROR,
+                                             error=f"engine loop died: {exc!r}")
+                               for request_id in list(self._in_flight)])
 
     def _take_commands(self) -> None:
         while True:
@@ -369,16 +377,27 @@ class Engine:
                 try:
                     self.runtime.add_request(payload)
                 except (ValueError, QueueFullError) as exc:
-                    self._deliver(RequestOutput(payload.request_id, finished=True,
-                                                finish_reason=FinishReason.ERROR, error=str(exc)))
+                    self._outputs.put([RequestOutput(payload.request_id, finished=True,
+                                                     finish_reason=FinishReason.ERROR, error=str(exc))])
             elif kind == "abort":
                 # the runtime's final record comes out of the next step
                 if not self.runtime.abort(payload):
-                    self._deliver(RequestOutput(payload, finished=True, finish_reason=FinishReason.ABORT))
+                    self._outputs.put([RequestOutput(payload, finished=True, finish_reason=FinishReason.ABORT)])
+
+    # ------------------------------------------------------------ the output thread
+
+    def _process_outputs(self) -> None:
+        while (outputs := self._outputs.get()) is not None:
+            for out in outputs:
+                try:
+                    self._deliver(out)
+                except Exception as exc:   # one request's output processing failed: end it alone
+                    logger.exception("output processing failed for %s", out.request_id)
+                    self._fail(out.request_id, exc)
 
     def _deliver(self, out: RequestOutput) -> None:
         entry = self._in_flight.get(out.request_id)
-        if entry is None:
+        if entry is None:   # already ended (a stop string): what the runtime still sends is dropped
             return
         processor, stream = entry
         chunk = processor.process(out)
@@ -386,6 +405,13 @@ class Engine:
             with self._lock:
                 self._in_flight.pop(out.request_id, None)
             if processor.ends_request and not out.finished:
-                self.runtime.abort(out.request_id)
-                self.runtime.outputs.pop(out.request_id, None)   # its abort record: the client has its end
+                self.abort(out.request_id)   # the runtime frees it at the next step
         stream._put(chunk)
+
+    def _fail(self, request_id: str, exc: Exception) -> None:
+        with self._lock:
+            entry = self._in_flight.pop(request_id, None)
+        if entry is not None:
+            self.abort(request_id)
+            entry[1]._put(GenerationChunk(request_id, [], "", [], finished=True,
+                                          finish_reason=FinishReason.ERROR, error=f"{type(exc).__name__}: {exc}"))

@@ -6,7 +6,8 @@ every request, however it batches, chunks, preempts or interleaves streams.
 
 Semantics in brief:
 - A walk runs its elements in order; a node reads named values and writes named values.
-- `ToClient(v)` sends v to the client. If v is the stream's budgeted value, it counts
+- `ToClient(v)` sends v to the client (a None value sends nothing, unless budgeted).
+  If v is the stream's budgeted value, it counts
   toward the budget and is checked by the stop: reaching the limit finishes the stream
   with "length", a stop item with "stop". A stop item is not pushed to other streams.
 - After a stream finishes, its current walk completes the loop iteration it is in;
@@ -61,8 +62,10 @@ class _StreamRun:
             env.update({k: outputs[k] for k in element.outputs})
         elif isinstance(element, ToClient):
             item = env[element.value]
-            self.result.outputs[element.modality].append(item)
-            if self.budget is not None and element.value == self.budget.value:
+            is_budgeted = self.budget is not None and element.value == self.budget.value
+            if item is not None or is_budgeted:   # None is "nothing to send"
+                self.result.outputs[element.modality].append(item)
+            if is_budgeted:
                 self.result.count += 1
                 if item in self.stop_items:
                     self.result.finish_reason = "stop"

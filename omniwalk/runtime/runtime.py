@@ -185,8 +185,12 @@ class Runtime:
         budget = stream.spec.budget
         if isinstance(instruction, EmitToClient):
             item = stream.env[instruction.value]
+            is_budgeted = budget is not None and instruction.value == budget.value
+            if item is None and not is_budgeted:   # nothing to send (e.g. logprobs nobody asked for)
+                stream.pc += 1
+                return
             self._output_for(stream.owner.request_id).add(stream.name, instruction.modality, item)
-            if budget is not None and instruction.value == budget.value:
+            if is_budgeted:
                 reason = stream.params.stop.check(item, stream.count, stream.limit)
                 stream.count += 1
                 if reason is not None and stream.finish_reason is None:
