@@ -11,6 +11,16 @@ computed, and then the last position's logits are sampled:
 Preemption drops the pages and sets num_computed to 0: the next call recomputes the
 whole sequence, and the sample is the same because sampling is keyed by
 (seed, sample index), not by a stateful generator.
+
+Decode one step ahead (CUDA graphs, greedy rows): after a decode batch returns its
+tokens, the next step of the same rows is launched at once, fed from the tokens still
+on the device, so the GPU computes step t+1 while the runtime does the host work of
+step t. The next `run` uses it only if it asks for exactly what was guessed (each row's
+position and input token); otherwise it is dropped, and so is every row the runtime no
+longer asks for (a stopped stream): nothing computed past a stop ever reaches the
+runtime. A dropped guess costs GPU time, never correctness: its KV writes are for
+positions the real step writes again with the same values, or for pages already given
+back, which later owners overwrite before they read.
 """
 
 from __future__ import annotations
@@ -21,7 +31,7 @@ from typing import Callable
 import torch
 
 from omniwalk.engine.attention import PagedAttention, build_metadata
-from omniwalk.engine.cuda_graphs import DecodeGraphs
+from omniwalk.engine.cuda_graphs import DecodeGraphs, HostCopy
 from omniwalk.engine.kv_cache import PagedKVCache
 from omniwalk.engine.sampler import Sampler
 from omniwalk.runtime.executor import NodeCall, NodeExecutor
@@ -64,6 +74,9 @@ class CausalLMExecutor(NodeExecutor):
         self.decode_graphs = decode_graphs
         self.logits_mask = logits_mask
         self.sequences: dict[int, SequenceState] = {}
+        self.lookahead: _Lookahead | None = None
+        self.lookahead_used = 0     # counters for tests and the bench
+        self.lookahead_dropped = 0
 
     # ------------------------------------------------------------ runtime contract
 
@@ -113,12 +126,21 @@ class CausalLMExecutor(NodeExecutor):
         done = [i for i, (call, s) in enumerate(zip(calls, sequences))
                 if s.num_computed + call.num_tokens == len(s.token_ids)]
         is_decode = len(done) == len(calls) and all(call.num_tokens == 1 for call in calls)
-        if is_decode and self.decode_graphs is not None and self.decode_graphs.fits(
-                len(calls), max(len(self.cache.page_tables[c.stream.handle]) for c in calls)):
-            logits = self._decode_with_graph(calls, sequences)
+        use_graph = is_decode and self.decode_graphs is not None and self.decode_graphs.fits(
+            len(calls), max(len(self.cache.page_tables[c.stream.handle]) for c in calls))
+        lookahead, self.lookahead = self.lookahead, None
+        guessed = lookahead.take(calls, sequences) if lookahead is not None and use_graph else None
+        if guessed is not None:
+            self.lookahead_used += 1
+            samples, device_tokens = [(token, None) for token in guessed[0]], guessed[1]
         else:
-            logits = self._forward_eager(calls, sequences, done)
-        samples = self._sample([calls[i] for i in done], logits) if done else []
+            if lookahead is not None:
+                self.lookahead_dropped += 1
+            if use_graph:
+                logits = self._decode_with_graph(calls, sequences)
+            else:
+                logits = self._forward_eager(calls, sequences, done)
+            samples, device_tokens = self._sample([calls[i] for i in done], logits) if done else ([], None)
 
         # Commit only after everything succeeded: a failed batch is retried call by call.
         for call, sequence in zip(calls, sequences):
@@ -128,7 +150,37 @@ class CausalLMExecutor(NodeExecutor):
         for index, (token, logprobs) in zip(done, samples):
             self.sequences[calls[index].stream.handle].output_ids.append(token)
             results[index] = {"token": token, "logprobs": logprobs}
+        if use_graph and self._can_look_ahead(calls, sequences):
+            self.lookahead = self._launch_lookahead(calls, sequences, [t for t, _ in samples], device_tokens)
         return results
+
+    def _can_look_ahead(self, calls, sequences) -> bool:
+        """Only rows whose next sample needs nothing from the host: plain greedy."""
+        for call in calls:
+            params, stream = call.stream.params, call.stream
+            if not params.sampling.is_greedy or params.sampling.has_penalties or params.sampling.logprobs is not None:
+                return False
+            if stream.count + 1 < params.stop.min_items:
+                return False
+        if self.logits_mask is not None:
+            return False
+        needed = sum(self.cache.pages_needed(c.stream.handle, s.num_computed + 1) for c, s in zip(calls, sequences))
+        return needed <= self.cache.allocator.num_free
+
+    def _launch_lookahead(self, calls, sequences, tokens: list[int], device_tokens: torch.Tensor) -> "_Lookahead":
+        handles = [call.stream.handle for call in calls]
+        positions = [s.num_computed for s in sequences]
+        for handle, position in zip(handles, positions):
+            self.cache.reserve(handle, position + 1)
+        size = self.cache.page_size
+        tables = [self.cache.page_tables[h] for h in handles]
+        logits = self.decode_graphs.run(
+            input_ids=device_tokens, positions=positions,
+            slots=[table[p // size] * size + p % size for table, p in zip(tables, positions)],
+            context_lens=positions, page_tables=tables,
+        )
+        guessed = logits.argmax(dim=-1)
+        return _Lookahead(handles, positions, tokens, guessed, self.decode_graphs.copy_to_host(guessed))
 
     def _forward_eager(self, calls, sequences, done) -> torch.Tensor:
         input_ids, positions = [], []
@@ -161,7 +213,8 @@ class CausalLMExecutor(NodeExecutor):
             page_tables=tables,
         )
 
-    def _sample(self, calls: list[NodeCall], logits: torch.Tensor) -> list[tuple[int, TokenLogprobs | None]]:
+    def _sample(self, calls: list[NodeCall], logits: torch.Tensor):
+        """(token, logprobs) per call, and the sampled ids still on the device."""
         # logits: [num_done, vocab] float32
         sequences = [self.sequences[call.stream.handle] for call in calls]
         for row, call in enumerate(calls):
@@ -181,7 +234,7 @@ class CausalLMExecutor(NodeExecutor):
             prompt_token_ids=[s.token_ids[: s.prompt_len] if penalized else [] for s in sequences],
             output_token_ids=[s.output_ids for s in sequences],
         )
-        token_ids = out.token_ids.tolist()   # the one device-to-host copy of the step
+        token_ids = out.token_ids.tolist()   # the one device-to-host copy of the step (a sync)
         chosen = out.logprobs.tolist() if out.logprobs is not None else None
         top_ids = out.top_ids.tolist() if out.top_ids is not None else None
         top_values = out.top_logprobs.tolist() if out.top_logprobs is not None else None
@@ -193,4 +246,32 @@ class CausalLMExecutor(NodeExecutor):
                 top = list(zip(top_ids[row][:k], top_values[row][:k])) if top_ids is not None else []
                 info = TokenLogprobs(chosen[row], top)
             results.append((token_ids[row], info))
-        return results
+        return results, out.token_ids
+
+
+@dataclass
+class _Lookahead:
+    """A decode step launched before the runtime asked for it (see the module docstring)."""
+
+    handles: list[int]           # rows, in launch order
+    positions: list[int]         # the position each row computed
+    input_tokens: list[int]      # the token each row was fed
+    device_tokens: torch.Tensor  # [rows] the greedy samples, on the device
+    host_copy: "HostCopy"
+
+    def take(self, calls, sequences) -> tuple[list[int], torch.Tensor] | None:
+        """The guessed samples for `calls`, if every call is exactly what was guessed."""
+        row_of = {handle: row for row, handle in enumerate(self.handles)}
+        rows = []
+        for call, sequence in zip(calls, sequences):
+            row = row_of.get(call.stream.handle)
+            if (row is None or call.num_tokens != 1 or sequence.num_computed != self.positions[row]
+                    or len(sequence.token_ids) != self.positions[row] + 1
+                    or sequence.token_ids[-1] != self.input_tokens[row]):
+                return None
+            rows.append(row)
+        host = self.host_copy.wait()
+        if rows == list(range(len(self.handles))):
+            return host, self.device_tokens
+        index = torch.tensor(rows, device=self.device_tokens.device)
+        return [host[row] for row in rows], self.device_tokens.index_select(0, index)

@@ -47,6 +47,9 @@ class DecodeGraphs:
         self.host_longs = torch.zeros(3, size, dtype=torch.long, pin_memory=True)
         self.host_ints = torch.zeros(size, 1 + self.max_pages, dtype=torch.int32, pin_memory=True)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        # two pinned buffers for look-ahead copies: one in flight while the other is read
+        self._copy_slots = [torch.zeros(size, dtype=torch.long, pin_memory=True) for _ in range(2)]
+        self._next_copy_slot = 0
 
     def _forward(self, batch: int) -> torch.Tensor:
         meta = AttentionMetadata(
@@ -77,13 +80,19 @@ class DecodeGraphs:
     def fits(self, batch: int, max_pages: int) -> bool:
         return batch <= self.max_batch_size and max_pages <= self.max_pages
 
-    def run(self, input_ids: list[int], positions: list[int], slots: list[int],
+    def run(self, input_ids: list[int] | torch.Tensor, positions: list[int], slots: list[int],
             context_lens: list[int], page_tables: list[list[int]]) -> torch.Tensor:
-        """Logits [n, vocab] of one decode step of n sequences."""
-        n = len(input_ids)
+        """Logits [n, vocab] of one decode step of n sequences.
+
+        `input_ids` may be a device tensor (the previous step's samples): then the step
+        is launched without the host ever seeing the tokens."""
+        n = len(positions)
         batch = next(b for b in self.buckets if b >= n)
         longs = self.host_longs.numpy()
-        longs[0, :n], longs[1, :n], longs[2, :n] = input_ids, positions, slots
+        on_device = isinstance(input_ids, torch.Tensor)
+        if not on_device:
+            longs[0, :n] = input_ids
+        longs[1, :n], longs[2, :n] = positions, slots
         longs[0, n:batch] = 0
         longs[1, n:batch] = 0
         longs[2, n:batch] = self.scratch_page * self.cache.page_size
@@ -94,7 +103,11 @@ class DecodeGraphs:
         for row, table in enumerate(page_tables):
             ints[row, 1 : 1 + len(table)] = table
         ints[n:batch, 1] = self.scratch_page
-        self.input_ids[:batch].copy_(self.host_longs[0, :batch], non_blocking=True)
+        if on_device:
+            self.input_ids[:n].copy_(input_ids)
+            self.input_ids[n:batch].zero_()
+        else:
+            self.input_ids[:batch].copy_(self.host_longs[0, :batch], non_blocking=True)
         self.positions[:batch].copy_(self.host_longs[1, :batch], non_blocking=True)
         self.slots[:batch].copy_(self.host_longs[2, :batch], non_blocking=True)
         self.context_lens[:batch].copy_(self.host_ints[:batch, 0], non_blocking=True)
@@ -102,3 +115,24 @@ class DecodeGraphs:
         graph, logits = self.graphs[batch]
         graph.replay()
         return logits[:n]
+
+    def copy_to_host(self, tokens: torch.Tensor) -> "HostCopy":
+        """Start copying `tokens` [n] to pinned host memory; `wait()` returns them as a list."""
+        n = tokens.shape[0]
+        slot = self._copy_slots[self._next_copy_slot]
+        self._next_copy_slot ^= 1
+        slot[:n].copy_(tokens, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return HostCopy(slot, n, event)
+
+
+class HostCopy:
+    """An in-flight device-to-host copy of sampled ids."""
+
+    def __init__(self, buffer: torch.Tensor, count: int, event):
+        self.buffer, self.count, self.event = buffer, count, event
+
+    def wait(self) -> list[int]:
+        self.event.synchronize()
+        return self.buffer[: self.count].tolist()

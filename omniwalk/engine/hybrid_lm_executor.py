@@ -13,7 +13,7 @@ stream additionally holds one slot of a `StatePool` beside its KV pages:
 
 Chunked prefill carries the state from chunk to chunk through the slot. Preemption frees
 the pages and the slot and recomputes from token 0, from an empty state. Prefix caching
-must stay off for hybrid models (see `omniwalk.engine.state_pool`).
+stays off for hybrid models (see `omniwalk.engine.state_pool`): the cache must have it off.
 
 A forward pass reads the slots, computes new states aside (`StateBatch`), and writes them
 back only once the whole step (forward and sampling) succeeded, so a failed batch leaves
@@ -36,6 +36,9 @@ class HybridLMExecutor(CausalLMExecutor):
 
     def __init__(self, model: torch.nn.Module, cache: PagedKVCache, state_pool: StatePool,
                  max_batch_size: int = 256):
+        if cache.enable_prefix_caching:
+            raise ValueError("prefix caching cannot be on for a hybrid model: a shared KV prefix "
+                             "comes without the recurrent state at its end")
         # Eager only for now: the CUDA-graph decode path comes with the fla-core kernels.
         super().__init__(model, cache, max_batch_size)
         self.state_pool = state_pool

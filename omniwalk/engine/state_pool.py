@@ -13,10 +13,11 @@ A slot is taken the first time a sequence runs and given back when it ends or is
 preempted; a newly taken slot holds the empty state (zeros), so a preempted sequence
 recomputes from scratch, exactly like its dropped KV pages.
 
-The state cannot be rewound: it has absorbed every token. So prefix caching (sharing KV
-pages of a common prompt prefix) cannot apply to hybrid models as it does to attention:
-it would also need a state snapshot at each shared page boundary. Prefix caching is not
-implemented yet; when it is, hybrid models must keep it off until such snapshots exist.
+The state cannot be rewound: it has absorbed every token. So prefix caching (sharing the
+KV pages of a common prompt prefix, `PagedKVCache(enable_prefix_caching=True)`) does not
+carry over to hybrid models: skipping the shared prefix would also need the recurrent
+state as it stood at that page boundary. Hybrid models keep prefix caching off (their
+executor refuses a cache with it on) until the pool can snapshot states at page boundaries.
 """
 
 from __future__ import annotations

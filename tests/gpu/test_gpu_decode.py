@@ -1,6 +1,7 @@
 """GPU paths (run on the device machine with `-m gpu`): CUDA-graph decode, the Triton
 kernels inside the model, bf16 parity with HF, and the budget contract on CUDA."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -83,3 +84,24 @@ def test_budget_contract_on_cuda(checkpoint, n):
         streamed = list(engine.stream(PROMPTS[0], max_tokens=n, ignore_eos=True))
         assert [t for c in streamed for t in c.token_ids] == results[0].token_ids
         assert engine.runtime.walk_counts["decode"] == (0 if n == 1 else 13)
+        if n == 64:   # the decode loop ran one step ahead, and nothing past a budget leaked
+            assert engine.model.executors["backbone"].lookahead_used > 0
+
+
+def test_lookahead_drops_steps_past_a_stop(checkpoint):
+    """Rows that stop (EOS) while their next step already runs: the extra token is dropped."""
+    folder, _ = checkpoint
+    base = EngineArgs(str(folder), device="cuda", dtype="float32", kv_cache_tokens=65536, max_num_seqs=8)
+    with Engine(dataclasses.replace(base, enforce_eager=True)) as eager:
+        free = eager.generate(greedy_requests(40, ignore_eos=True))
+    stop_id = free[0].token_ids[9]
+    runs = {}
+    for enforce_eager in (True, False):
+        with Engine(dataclasses.replace(base, enforce_eager=enforce_eager)) as engine:
+            runs[enforce_eager] = [(r.token_ids, r.finish_reason) for r in
+                                   engine.generate(greedy_requests(40, stop_token_ids=[stop_id]))]
+            if not enforce_eager:
+                executor = engine.model.executors["backbone"]
+                assert executor.lookahead_used > 0 and executor.lookahead_dropped > 0
+    assert runs[False] == runs[True]
+    assert runs[True][0] == (free[0].token_ids[: free[0].token_ids.index(stop_id) + 1], "stop")
