@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 from omniwalk.layers.config import DecoderConfig
-from omniwalk.models import llama, qwen3
+from omniwalk.models import llama, orpheus, qwen3, qwen3_5
 
 TINY_TOKENIZER = Path(__file__).parent / "assets" / "tiny-tokenizer"
 
@@ -27,14 +27,29 @@ class TextFamily:
     # "module:function" taking (EngineArgs, family, folder or None) -> LoadedModel; a
     # family with other components (codecs, encoders) names its own loader
     loader: str = "omniwalk.loading:load_text_model"
+    # claims a checkpoint folder by its config.json before model types are matched (a
+    # family built on another's architecture, e.g. Orpheus on Llama)
+    detect: Callable[[dict], bool] | None = None
 
 
 FAMILIES: dict[str, TextFamily] = {
     "qwen3": TextFamily("qwen3", ("qwen3",), qwen3.config_from_hf, qwen3.tiny_config),
     "llama": TextFamily("llama", ("llama",), llama.config_from_hf, llama.tiny_config),
+    "qwen3_5": TextFamily("qwen3_5", ("qwen3_5", "qwen3_5_text"), qwen3_5.config_from_hf, qwen3_5.tiny_config,
+                          loader="omniwalk.models.qwen3_5.loading:load_qwen3_5"),
+    "orpheus": TextFamily("orpheus", (), llama.config_from_hf, orpheus.tiny_backbone_config,
+                          loader="omniwalk.models.orpheus.loading:load_orpheus", detect=orpheus.is_orpheus_config),
 }
 
 BUILTIN_MODELS: dict[str, str] = {f"tiny-{name}": name for name in FAMILIES}
+
+
+def family_for_hf_config(hf: dict) -> TextFamily:
+    """The family of a checkpoint folder's `config.json`: one whose `detect` claims it, else by model_type."""
+    for family in FAMILIES.values():
+        if family.detect is not None and family.detect(hf):
+            return family
+    return family_for_model_type(hf.get("model_type", ""))
 
 
 def family_for_model_type(model_type: str) -> TextFamily:

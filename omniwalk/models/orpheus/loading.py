@@ -1,0 +1,100 @@
+"""Loading Orpheus: the Llama backbone plus a SNAC codec.
+
+    tiny-orpheus          a tiny Llama over TINY_TOKENS + TINY_SNAC, random weights from
+                          EngineArgs.seed (the SNAC from seed + 1); no codec folder
+    <folder>              a local Orpheus checkpoint (Llama config.json whose vocabulary
+                          holds the audio-code ids, *.safetensors, tokenizer files), and a
+                          local SNAC folder (config.json + pytorch_model.bin or *.safetensors):
+                          EngineArgs.codec, or else `<folder>/snac`
+    --load-format dummy   random weights at the checkpoint's shapes; the SNAC at its
+                          folder's config if there is one, else at snac_24khz's
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from omniwalk.engine.cuda_graphs import DecodeGraphs
+from omniwalk.engine.kv_cache import PagedKVCache
+from omniwalk.layers.transformer import CausalLM
+from omniwalk.loading import (
+    EngineArgs, LoadedModel, kv_cache_shape, read_model_source, resolve_device, resolve_dtype,
+)
+from omniwalk.models.loader import init_random_weights, load_checkpoint_weights
+from omniwalk.models.orpheus.config import ORPHEUS_3B, TINY_SNAC, TINY_TOKENS
+from omniwalk.models.orpheus.model import OrpheusModel
+from omniwalk.models.orpheus.snac import (
+    SNAC_24KHZ, SnacDecoder, init_random_snac, load_snac_state, read_snac_config, read_snac_state,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def codec_folder(args: EngineArgs, folder: Path) -> Path:
+    """Where the SNAC of a checkpoint folder is: EngineArgs.codec, else `<folder>/snac`."""
+    return Path(args.codec) if args.codec else folder / "snac"
+
+
+def load_orpheus(args: EngineArgs, family, folder: Path | None) -> LoadedModel:
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    if folder is None and args.codec:
+        raise ValueError(f"{args.model} has its codec built in; `codec` is for checkpoint folders")
+    tokens = TINY_TOKENS if folder is None else ORPHEUS_3B
+    snac_folder = None if folder is None else codec_folder(args, folder)
+    if snac_folder is not None and not (snac_folder / "config.json").is_file() and args.load_format != "dummy":
+        raise FileNotFoundError(f"Orpheus needs a local SNAC folder (config.json + weights, as "
+                                f"hubertsiuzdak/snac_24khz ships): none at {snac_folder}; pass "
+                                f"EngineArgs(codec=...) or place it at {folder / 'snac'}")
+    config, tokenizer, _, random_weights = read_model_source(args, family, folder)
+    if config.vocab_size < tokens.audio_end:
+        raise ValueError(f"vocabulary of {config.vocab_size} ids lacks Orpheus' audio codes (up to {tokens.audio_end})")
+
+    with torch.device(device):
+        lm = CausalLM(config).to(dtype)
+    if random_weights:
+        init_random_weights(lm, args.seed)
+    else:
+        load_checkpoint_weights(lm, folder)
+    lm.eval()
+    snac = _load_snac(snac_folder, random_weights, args.seed + 1).to(device).eval()
+    if snac.config.codebook_size != tokens.codebook_size:
+        raise ValueError(f"SNAC codebook of {snac.config.codebook_size} entries; the checkpoint's "
+                         f"audio ids need {tokens.codebook_size}")
+
+    max_model_len = min(config.max_position_embeddings, args.max_model_len or config.max_position_embeddings)
+    shape = kv_cache_shape(args, config, device, dtype)
+    cache = PagedKVCache(shape, dtype, device)
+    graphs = None
+    if device.type == "cuda" and not args.enforce_eager:
+        graphs = DecodeGraphs(lm, cache, args.max_num_seqs, -(-max_model_len // args.page_size))
+        started = time.perf_counter()
+        graphs.capture()
+        logger.info("captured decode CUDA graphs for batch sizes %s in %.1f s",
+                    graphs.buckets, time.perf_counter() - started)
+    served = OrpheusModel(lm, cache, snac, tokens, max_batch_size=args.max_num_seqs, decode_graphs=graphs)
+    logger.info("loaded %s (orpheus, %s on %s%s; SNAC %s); KV cache: %d tokens",
+                args.model, dtype, device, ", random weights" if random_weights else "",
+                snac_folder or "built-in", shape.capacity_tokens)
+    return LoadedModel(args.model, served, config, tokenizer, device, dtype, max_model_len,
+                       frozenset({tokens.end_of_speech}), random_weights)
+
+
+def _load_snac(folder: Path | None, random_weights: bool, seed: int) -> SnacDecoder:
+    """fp32 always: the codec is small and its parity is checked in fp32."""
+    if folder is None:
+        config = TINY_SNAC
+    elif (folder / "config.json").is_file():
+        config = read_snac_config(folder)
+    else:   # dummy weights without a SNAC folder
+        config = SNAC_24KHZ
+    snac = SnacDecoder(config)
+    if random_weights:
+        init_random_snac(snac, seed)
+    else:
+        load_snac_state(snac, read_snac_state(folder))
+    return snac

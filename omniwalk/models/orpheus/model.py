@@ -1,0 +1,233 @@
+"""Orpheus as a walk graph: a Llama backbone emits audio-code tokens on stream "codes";
+a stream edge feeds them to SNAC on stream "audio", which sends PCM to the client.
+
+    codes stream (budgeted: max_output_tokens counts these tokens; stop: end_of_speech)
+      prefill:  backbone(prompt) -> token   ToClient("codes"), ToStream("audio"), Keep
+      decode:   Loop "decode" [ backbone(token) -> token  ToClient, ToStream ]   (cap N - 1)
+                      |
+                      |  StreamEdge(codes -> audio, SlidingWindow(window=28, stride=7))
+                      v  a window of the last 4 frames (28 codes) at every 7th code from the 28th
+    audio stream
+      vocode:   snac_decoder(window, emit) -> pcm   ToClient("audio"), Keep("window")
+
+The window slides over codes, not frames (a producer emits one token per step; grouping
+into frames would take one more node on the decode loop). Windows are released at
+counts 28, 35, 42, ..., always frame-aligned; the plan turns each into whole frames.
+
+Which samples each vocode emits. F = complete frames (partial frames, N % 7 codes, are
+dropped, never padded); S = samples per frame (2048 for snac_24khz); the windows decode
+4 frames with their left/right context as the reference does, and emit:
+
+    frames:              0    1    2    3    4    5    6          F = 7
+    window at code 28:  [0    1    2    3]                       emits frames 0, 1
+    window at code 35:       [1    2    3    4]                  emits frame 2  (its samples S:2S)
+    window at code 42:            [2    3    4    5]             emits frame 3
+    window at code 49:                 [3    4    5    6]        emits frame 4
+    final flush:                       [3    4    5    6]        emits frames 5, 6 (2S:4S)
+
+    F < 4: nothing is released before the end; the flush decodes frames [0, F) at once
+    and emits all of them. F = 0: no audio at all.
+
+So `samples_received(F) = F * S`: every complete frame exactly once. Each window's
+centre (S:2S) is what the Orpheus reference decoder yields per window; it drops frame 0
+and the last two frames, which we emit from the first and the last window. The final
+flush re-decodes the last full window (kept by the walk: one extra SNAC window per
+request) with the same noise, so its samples are those that window had, and N = 7F + r
+codes give the same audio as 7F.
+The stop id is never pushed to the audio stream (the runtime drops the item that
+stopped a stream), so it never becomes audio.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from omniwalk.engine.causal_lm_executor import CausalLMExecutor
+from omniwalk.engine.cuda_graphs import DecodeGraphs
+from omniwalk.engine.kv_cache import PagedKVCache
+from omniwalk.engine.sampler import row_key
+from omniwalk.graph import (
+    BudgetSpec, Keep, Loop, ModelGraph, Node, Sequential, SlidingWindow, StreamEdge, StreamSpec, StreamView,
+    ToClient, ToStream, Walk, WalkCall,
+)
+from omniwalk.models.orpheus.config import CODES_PER_FRAME, OrpheusTokens, samples_per_frame
+from omniwalk.models.orpheus.snac import SeededNoise, SnacDecoder
+from omniwalk.runtime.executor import NodeCall, NodeExecutor
+
+CODES_STREAM = "codes"
+AUDIO_STREAM = "audio"
+WINDOW_FRAMES = 4            # frames per decoded window
+CENTRE = (1, 2)              # the window frames the reference keeps (samples S:2S)
+
+BACKBONE = Node("backbone", inputs=("tokens",), outputs=("token",), stateful=True)
+SNAC_DECODER = Node("snac_decoder", inputs=("window", "emit"), outputs=("pcm",))
+
+
+def orpheus_graph() -> ModelGraph:
+    emit = (ToClient("token", "codes"), ToStream("token", AUDIO_STREAM))   # counted, then pushed
+    prefill = Walk("prefill", ("tokens",), Sequential(BACKBONE, *emit, Keep("token")))
+    decode = Walk("decode", ("tokens",), Loop("decode", Sequential(BACKBONE, *emit), carry={"token": "tokens"}))
+    vocode = Walk("vocode", ("window", "emit"), Sequential(SNAC_DECODER, ToClient("pcm", "audio"), Keep("window")))
+    window = WINDOW_FRAMES * CODES_PER_FRAME
+    return ModelGraph(
+        [prefill, decode, vocode],
+        [StreamSpec(CODES_STREAM, BudgetSpec("token", loop="decode")), StreamSpec(AUDIO_STREAM)],
+        [StreamEdge(CODES_STREAM, AUDIO_STREAM, SlidingWindow(window=window, stride=CODES_PER_FRAME))],
+    )
+
+
+def complete_frames(num_codes: int) -> int:
+    """Frames the audio stream decodes from `num_codes` audio codes (a partial frame is dropped)."""
+    return num_codes // CODES_PER_FRAME
+
+
+def samples_received(num_complete_frames: int, frame_samples: int = 2048) -> int:
+    """PCM samples a request receives in total: every complete frame once, S per frame."""
+    return num_complete_frames * frame_samples
+
+
+@dataclass(frozen=True)
+class OrpheusPrompt:
+    """The preprocessed request: the framed prompt ids (see config.OrpheusTokens.prompt_ids)."""
+
+    token_ids: list[int]
+
+
+@dataclass(frozen=True)
+class Window:
+    """Whole frames of SNAC codes: frames [first_frame, first_frame + num_frames) of a request."""
+
+    first_frame: int
+    codes: tuple[int, ...]      # 7 per frame, codebook indices in frame order
+
+    @property
+    def num_frames(self) -> int:
+        return len(self.codes) // CODES_PER_FRAME
+
+    @classmethod
+    def from_tokens(cls, tokens: OrpheusTokens, token_ids: list[int], start: int) -> "Window":
+        """Complete frames of audio-code ids that begin at stream index `start` (a frame start)."""
+        if start % CODES_PER_FRAME:
+            raise ValueError(f"a window must start on a frame, got code index {start}")
+        usable = len(token_ids) - len(token_ids) % CODES_PER_FRAME
+        codes = tuple(tokens.code_of(t, i % CODES_PER_FRAME) for i, t in enumerate(token_ids[:usable]))
+        return cls(start // CODES_PER_FRAME, codes)
+
+
+def plan_audio(tokens: OrpheusTokens, view: StreamView) -> WalkCall | None:
+    """The audio stream's plan: which frames to decode for this chunk, and which to emit
+    (window-relative frame range). See the module docstring for the picture."""
+    chunk = view.chunk
+    if chunk is None:            # input closed and the final chunk handled
+        return None
+    if not chunk.is_final:       # a full window, frames [e - 3, e] for the newest frame e
+        window = Window.from_tokens(tokens, chunk.items, chunk.start)
+        emit = (0, CENTRE[1]) if window.first_frame == 0 else CENTRE
+        return WalkCall("vocode", {"window": window, "emit": emit})
+    last = view.kept.get("window")
+    if last is not None:         # flush: the last window's frames after its centre
+        return WalkCall("vocode", {"window": last, "emit": (CENTRE[1], last.num_frames)})
+    window = Window.from_tokens(tokens, chunk.items, chunk.start)   # fewer than 4 frames in all
+    if window.num_frames == 0:
+        return None
+    return WalkCall("vocode", {"window": window, "emit": (0, window.num_frames)})
+
+
+def orpheus_plan(tokens: OrpheusTokens, view: StreamView) -> WalkCall | None:
+    """codes: prefill, then decode from the kept token, then done. audio: `plan_audio`."""
+    if view.name == AUDIO_STREAM:
+        return plan_audio(tokens, view)
+    if view.last_walk is None:
+        return WalkCall("prefill", {"tokens": view.request.token_ids})
+    if view.last_walk == "prefill":
+        return WalkCall("decode", {"tokens": view.kept["token"]})
+    return None
+
+
+class AudioCodeMask:
+    """Only audio codes of the next frame position may be sampled, plus end_of_speech
+    unless the request ignores EOS. So every budgeted item is an audio code (or the stop),
+    and position = number sampled so far mod 7."""
+
+    def __init__(self, tokens: OrpheusTokens):
+        self.tokens = tokens
+
+    def __call__(self, logits: torch.Tensor, calls: list[NodeCall], output_ids: list[list[int]]) -> None:
+        device, size = logits.device, self.tokens.codebook_size
+        position = torch.tensor([len(ids) % CODES_PER_FRAME for ids in output_ids], device=device)
+        start = (self.tokens.audio_start + position * size).unsqueeze(1)          # [rows, 1]
+        vocab = torch.arange(logits.shape[1], device=device).unsqueeze(0)          # [1, vocab]
+        allowed = (vocab >= start) & (vocab < start + size)
+        may_stop = torch.tensor([not call.stream.params.stop.ignore_eos for call in calls], device=device)
+        allowed |= (vocab == self.tokens.end_of_speech) & may_stop.unsqueeze(1)
+        logits.masked_fill_(~allowed, float("-inf"))
+
+
+def noise_key(seed: int, first_frame: int) -> int:
+    """Key of SNAC's noise for the window starting at `first_frame` of a request: a window
+    decoded twice (the final flush) gets the same noise, hence the same samples."""
+    return row_key(seed ^ 0x534E4143, first_frame)   # salted apart from the sampler's keys
+
+
+class SnacDecoderExecutor(NodeExecutor):
+    """Node `snac_decoder`: (window, emit) -> pcm, int16 little-endian bytes.
+
+    Stateless. One SNAC forward per distinct window length in the batch (all full windows
+    share one); the emitted frames are cut out after decoding, converted as the
+    reference does (x * 32767, truncated toward zero)."""
+
+    def __init__(self, decoder: SnacDecoder, max_batch_size: int = 256):
+        self.decoder = decoder
+        self.frame_samples = samples_per_frame(decoder.config)
+        self.max_batch_size = max_batch_size
+        self.device = next(decoder.parameters()).device
+
+    @torch.inference_mode()
+    def run(self, calls: list[NodeCall]) -> list[dict[str, Any]]:
+        by_length: dict[int, list[int]] = defaultdict(list)
+        for index, call in enumerate(calls):
+            by_length[call.inputs["window"].num_frames].append(index)
+        results: list[dict[str, Any]] = [{} for _ in calls]
+        for rows in by_length.values():
+            windows = [calls[i].inputs["window"] for i in rows]
+            keys = [noise_key(calls[i].stream.params.seed, w.first_frame) for i, w in zip(rows, windows)]
+            noise = SeededNoise(keys) if self.decoder.config.noise else None
+            audio = self.decoder(self._levels(windows), noise)[:, 0]             # [rows, frames * S]
+            pcm = (audio * 32767).to(torch.int16).cpu().numpy()                  # one copy per group
+            for row, index in enumerate(rows):
+                first, end = calls[index].inputs["emit"]
+                samples = pcm[row, first * self.frame_samples: end * self.frame_samples]
+                results[index] = {"pcm": samples.astype("<i2", copy=False).tobytes()}
+        return results
+
+    def _levels(self, windows: list[Window]) -> list[torch.Tensor]:
+        # [rows, frames, 7] -> level 0: c0 | level 1: c1 c4 | level 2: c2 c3 c5 c6, frame-major
+        codes = torch.tensor(np.array([w.codes for w in windows]), dtype=torch.long, device=self.device)
+        frames = codes.view(len(windows), -1, CODES_PER_FRAME)
+        return [frames[:, :, 0], frames[:, :, [1, 4]].flatten(1), frames[:, :, [2, 3, 5, 6]].flatten(1)]
+
+
+class OrpheusModel:
+    """Orpheus served through the runtime (implements `ServedModel`)."""
+
+    def __init__(self, lm: torch.nn.Module, cache: PagedKVCache, snac: SnacDecoder, tokens: OrpheusTokens,
+                 *, max_batch_size: int = 256, decode_graphs: DecodeGraphs | None = None):
+        self.lm = lm
+        self.cache = cache
+        self.snac = snac
+        self.tokens = tokens
+        self.frame_samples = samples_per_frame(snac.config)
+        self.sampling_rate = snac.config.sampling_rate
+        self.graph = orpheus_graph()
+        self.executors = {
+            BACKBONE.name: CausalLMExecutor(lm, cache, max_batch_size, decode_graphs, AudioCodeMask(tokens)),
+            SNAC_DECODER.name: SnacDecoderExecutor(snac, max_batch_size),
+        }
+
+    def plan(self, view: StreamView) -> WalkCall | None:
+        return orpheus_plan(self.tokens, view)

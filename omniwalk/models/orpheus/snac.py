@@ -1,0 +1,361 @@
+"""SNAC's decoding path: codes of three (or more) levels -> latent -> 24 kHz waveform.
+
+Written from the architecture of the `snac` package (Siuzdak, "SNAC: Multi-Scale Neural
+Audio Codec"); only what decoding needs. Module and parameter names follow the `snac`
+checkpoints (`quantizer.quantizers.0.codebook.weight`, `decoder.model.2.block.1.weight`),
+so a local folder as `hubertsiuzdak/snac_24khz` ships (config.json + pytorch_model.bin or
+*.safetensors) loads by name. The checkpoint stores its convolutions weight-normalized
+(`parametrizations.weight.original0/1`, or `weight_g/weight_v` in older files); they
+are folded into plain weights at load, since decoding never trains.
+
+    codes[l]: [B, T / s_l]   (s = vq_strides, e.g. 4, 2, 1)
+      -> embed (codebook) -> 1x1 out_proj -> repeat each step s_l times, sum over levels
+    latent:   [B, latent_dim, T]
+      -> depthwise 7-tap conv + 1x1 conv to decoder_dim
+      -> per rate r: Snake, transposed conv (x r), noise injection, 3 dilated residual units
+      -> Snake, 7-tap conv to 1 channel, tanh
+    audio:    [B, 1, T * prod(decoder_rates)]
+
+Noise. SNAC's decoder adds `randn * conv1x1(x)` after every upsampling (the `noise`
+option, on in snac_24khz), drawn from torch's global generator even at inference. Here
+the noise is an argument: `torch_global_noise` draws exactly what the `snac` package
+draws (for parity tests), `SeededNoise` makes it a pure function of (per-row key, block,
+time step) so decoding is reproducible and independent of batch composition, and None
+leaves it out.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+
+from omniwalk.engine.sampler import hash_uniform, row_key
+
+# (upsampling block index, activations [B, C, T]) -> noise [B, 1, T]
+NoiseSource = Callable[[int, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class SnacConfig:
+    """The `config.json` of a SNAC checkpoint (the encoder fields are kept, not used)."""
+
+    sampling_rate: int = 24000
+    encoder_dim: int = 48
+    encoder_rates: tuple[int, ...] = (2, 4, 8, 8)
+    latent_dim: int | None = None          # None: encoder_dim * 2 ** len(encoder_rates)
+    decoder_dim: int = 1024
+    decoder_rates: tuple[int, ...] = (8, 8, 4, 2)
+    attn_window_size: int | None = None
+    codebook_size: int = 4096
+    codebook_dim: int = 8
+    vq_strides: tuple[int, ...] = (4, 2, 1)
+    noise: bool = True
+    depthwise: bool = True
+
+    def __post_init__(self):
+        for name in ("encoder_rates", "decoder_rates", "vq_strides"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        if self.attn_window_size is not None:
+            raise ValueError("SNAC with local attention (attn_window_size) is not supported: only the "
+                             "attention-free decoders (snac_24khz, as Orpheus uses) are")
+        if self.decoder_dim % 2 ** len(self.decoder_rates):
+            raise ValueError(f"decoder_dim {self.decoder_dim} must halve {len(self.decoder_rates)} times")
+        if any(self.vq_strides[0] % s for s in self.vq_strides):
+            raise ValueError(f"vq_strides {self.vq_strides} must divide the first one")
+
+    @property
+    def latent_channels(self) -> int:
+        return self.latent_dim or self.encoder_dim * 2 ** len(self.encoder_rates)
+
+    @property
+    def hop_length(self) -> int:
+        """Output samples per latent step (the finest code level)."""
+        return math.prod(self.decoder_rates)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "SnacConfig":
+        known = {k: v for k, v in values.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+    def to_dict(self) -> dict:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+
+SNAC_24KHZ = SnacConfig()
+"""hubertsiuzdak/snac_24khz, the codec of Orpheus: 3 levels at 12, 23, 47 Hz; 19.8 M parameters."""
+
+
+# ---------------------------------------------------------------------------------- layers
+
+
+class Snake(nn.Module):
+    """x + sin^2(alpha x) / alpha, per channel."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.ones(1, channels, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, C, T]
+        return x + (self.alpha + 1e-9).reciprocal() * torch.sin(self.alpha * x).pow(2)
+
+
+class ResidualUnit(nn.Module):
+    """x + conv1x1(snake(conv7_dilated(snake(x)))); the padding keeps the length."""
+
+    def __init__(self, dim: int, dilation: int, groups: int):
+        super().__init__()
+        self.block = nn.Sequential(
+            Snake(dim),
+            nn.Conv1d(dim, dim, kernel_size=7, dilation=dilation, padding=3 * dilation, groups=groups),
+            Snake(dim),
+            nn.Conv1d(dim, dim, kernel_size=1),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.block(x)
+
+
+class NoiseInjection(nn.Module):
+    """x + noise * conv1x1(x), one noise value per (row, time step) shared by all channels."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.linear = nn.Conv1d(dim, dim, kernel_size=1, bias=False)
+
+    def forward(self, x: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:  # noise: [B, 1, T]
+        return x + noise * self.linear(x)
+
+
+class UpsampleBlock(nn.Module):
+    """Snake, transposed conv by `rate`, optional noise, residual units at dilations 1, 3, 9."""
+
+    def __init__(self, in_dim: int, out_dim: int, rate: int, noise: bool, groups: int):
+        super().__init__()
+        layers: list[nn.Module] = [
+            Snake(in_dim),
+            # length * rate exactly: (L-1)r - 2 ceil(r/2) + 2r + r%2 = L r
+            nn.ConvTranspose1d(in_dim, out_dim, kernel_size=2 * rate, stride=rate,
+                               padding=math.ceil(rate / 2), output_padding=rate % 2),
+        ]
+        if noise:
+            layers.append(NoiseInjection(out_dim))
+        layers += [ResidualUnit(out_dim, dilation, groups) for dilation in (1, 3, 9)]
+        self.block = nn.ModuleList(layers)
+
+    def forward(self, x: torch.Tensor, noise: NoiseSource | None, index: int) -> torch.Tensor:
+        for layer in self.block:
+            if isinstance(layer, NoiseInjection):
+                if noise is not None:
+                    x = layer(x, noise(index, x))
+            else:
+                x = layer(x)
+        return x
+
+
+class WaveDecoder(nn.Module):
+    """Latent [B, latent, T] -> audio [B, 1, T * hop_length] in [-1, 1]."""
+
+    def __init__(self, config: SnacConfig):
+        super().__init__()
+        latent, channels = config.latent_channels, config.decoder_dim
+        if config.depthwise:
+            layers: list[nn.Module] = [
+                nn.Conv1d(latent, latent, kernel_size=7, padding=3, groups=latent),
+                nn.Conv1d(latent, channels, kernel_size=1),
+            ]
+        else:
+            layers = [nn.Conv1d(latent, channels, kernel_size=7, padding=3)]
+        for i, rate in enumerate(config.decoder_rates):
+            in_dim, out_dim = channels // 2 ** i, channels // 2 ** (i + 1)
+            layers.append(UpsampleBlock(in_dim, out_dim, rate, config.noise,
+                                        groups=out_dim if config.depthwise else 1))
+        out_dim = channels // 2 ** len(config.decoder_rates)
+        layers += [Snake(out_dim), nn.Conv1d(out_dim, 1, kernel_size=7, padding=3), nn.Tanh()]
+        self.model = nn.ModuleList(layers)
+
+    def forward(self, z: torch.Tensor, noise: NoiseSource | None) -> torch.Tensor:
+        x, block = z, 0
+        for layer in self.model:
+            if isinstance(layer, UpsampleBlock):
+                x = layer(x, noise, block)
+                block += 1
+            else:
+                x = layer(x)
+        return x
+
+
+class CodebookLevel(nn.Module):
+    """One residual VQ level: codes -> codebook vectors -> 1x1 projection to the latent."""
+
+    def __init__(self, config: SnacConfig, stride: int):
+        super().__init__()
+        self.stride = stride
+        self.codebook = nn.Embedding(config.codebook_size, config.codebook_dim)
+        self.out_proj = nn.Conv1d(config.codebook_dim, config.latent_channels, kernel_size=1)
+
+    def forward(self, codes: torch.Tensor) -> torch.Tensor:
+        # codes: [B, T / stride] -> [B, latent, T]
+        z = self.out_proj(self.codebook(codes).transpose(1, 2))
+        return z.repeat_interleave(self.stride, dim=-1)
+
+
+class CodeEmbedding(nn.Module):
+    """Sum of the levels' projections: the quantized latent the encoder would have produced."""
+
+    def __init__(self, config: SnacConfig):
+        super().__init__()
+        self.quantizers = nn.ModuleList(CodebookLevel(config, stride) for stride in config.vq_strides)
+
+    def forward(self, codes: list[torch.Tensor]) -> torch.Tensor:
+        z = 0.0
+        for level, level_codes in zip(self.quantizers, codes):
+            z = z + level(level_codes)
+        return z
+
+
+class SnacDecoder(nn.Module):
+    """codes (one [B, T / s_l] int tensor per level) -> audio [B, 1, T * hop_length], fp32."""
+
+    def __init__(self, config: SnacConfig):
+        super().__init__()
+        self.config = config
+        self.quantizer = CodeEmbedding(config)
+        self.decoder = WaveDecoder(config)
+
+    def forward(self, codes: list[torch.Tensor], noise: NoiseSource | None = None) -> torch.Tensor:
+        if len(codes) != len(self.config.vq_strides):
+            raise ValueError(f"{len(codes)} code levels for a SNAC with {len(self.config.vq_strides)}")
+        return self.decoder(self.quantizer(codes), noise)
+
+
+# ---------------------------------------------------------------------------------- noise
+
+
+def torch_global_noise(index: int, x: torch.Tensor) -> torch.Tensor:
+    """The draws of the `snac` package: torch.randn((B, 1, T)) per block, in block order."""
+    return torch.randn((x.shape[0], 1, x.shape[2]), device=x.device, dtype=x.dtype)
+
+
+class SeededNoise:
+    """Standard normal noise that depends only on (row key, block index, time step).
+
+    Box-Muller over two counter-based uniforms per step (the sampler's hash), so a row's
+    noise is the same on CPU and GPU and whatever rows share its batch.
+    """
+
+    def __init__(self, keys: list[int]):
+        self.keys = keys   # one 64-bit key per batch row
+
+    def __call__(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        rows, _, steps = x.shape
+        if rows != len(self.keys):
+            raise ValueError(f"{len(self.keys)} noise keys for a batch of {rows}")
+        u = hash_uniform([row_key(key, index) for key in self.keys], 2 * steps, x.device)  # float64 (0, 1)
+        z = torch.sqrt(-2.0 * torch.log(u[:, :steps])) * torch.cos(2.0 * math.pi * u[:, steps:])
+        return z.to(x.dtype).unsqueeze(1)
+
+
+# ---------------------------------------------------------------------------------- weights
+
+_WEIGHT_NORM_PAIRS = (   # (magnitude g, direction v) suffixes of a weight-normalized tensor
+    (".parametrizations.weight.original0", ".parametrizations.weight.original1"),
+    (".weight_g", ".weight_v"),
+)
+
+
+def _decoding_only(name: str) -> bool:
+    return not (name.startswith("encoder.") or ".in_proj." in name)
+
+
+def fold_weight_norm(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A `snac` state dict with its weight norms folded into plain `.weight` tensors,
+    restricted to the decoding path (the encoder and the quantizers' in_proj are dropped)."""
+    folded: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        if not _decoding_only(name):
+            continue
+        pair = next((p for p in _WEIGHT_NORM_PAIRS if name.endswith(p[0]) or name.endswith(p[1])), None)
+        if pair is None:
+            folded[name] = tensor
+        elif name.endswith(pair[0]):
+            prefix = name[: -len(pair[0])]
+            direction = state.get(prefix + pair[1])
+            if direction is None:
+                raise ValueError(f"SNAC checkpoint has {name} without {prefix + pair[1]}")
+            # w = g * v / ||v||, the norm over every dim but 0 (torch's weight_norm, dim=0)
+            folded[prefix + ".weight"] = torch._weight_norm(direction.float(), tensor.float(), 0)
+    return folded
+
+
+@torch.no_grad()
+def load_snac_state(decoder: SnacDecoder, state: dict[str, torch.Tensor]) -> None:
+    """Fill `decoder` from a `snac` state dict (weight-normalized or plain)."""
+    folded = fold_weight_norm(state)
+    params = dict(decoder.named_parameters())
+    missing = sorted(set(params) - set(folded))
+    unexpected = sorted(set(folded) - set(params))
+    if missing or unexpected:
+        raise ValueError(f"SNAC checkpoint does not match the decoder: missing {missing}, unexpected {unexpected}")
+    for name, tensor in folded.items():
+        param = params[name]
+        if tuple(tensor.shape) != tuple(param.shape):
+            raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != {tuple(param.shape)}")
+        param.copy_(tensor.to(param.dtype))
+
+
+def read_snac_state(folder: str | Path) -> dict[str, torch.Tensor]:
+    folder = Path(folder)
+    files = sorted(folder.glob("*.safetensors"))
+    if files:
+        from safetensors.torch import load_file
+
+        state: dict[str, torch.Tensor] = {}
+        for file in files:
+            state.update(load_file(file))
+        return state
+    path = folder / "pytorch_model.bin"
+    if not path.is_file():
+        raise FileNotFoundError(f"no *.safetensors or pytorch_model.bin in SNAC folder {folder}")
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def read_snac_config(folder: str | Path) -> SnacConfig:
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"no config.json in SNAC folder {folder}")
+    return SnacConfig.from_dict(json.loads(path.read_text()))
+
+
+def load_snac_decoder(folder: str | Path, device: torch.device | str = "cpu") -> SnacDecoder:
+    """The decoder of a local SNAC folder, fp32, in eval mode."""
+    decoder = SnacDecoder(read_snac_config(folder))
+    load_snac_state(decoder, read_snac_state(folder))
+    return decoder.to(device).eval()
+
+
+@torch.no_grad()
+def init_random_snac(decoder: SnacDecoder, seed: int) -> None:
+    """Deterministic random weights that give audible, unsaturated output, from a private
+    CPU generator: convolutions N(0, 1/fan_in), codebooks N(0, 1), Snake alphas 1, biases
+    0; the last convolution 200x smaller, since the residual stack grows the activations
+    to ~100 and tanh would clip everything to +-1."""
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    output_conv = f"decoder.model.{len(decoder.decoder.model) - 2}.weight"
+    for name, param in decoder.named_parameters():
+        if name.endswith(".alpha"):
+            param.fill_(1.0)
+        elif name.endswith(".bias"):
+            param.zero_()
+        else:
+            fan_in = math.prod(param.shape[1:]) if param.dim() > 1 else 1
+            if name.endswith("codebook.weight"):
+                fan_in = 1
+            std = fan_in ** -0.5 / (200.0 if name == output_conv else 1.0)
+            values = torch.empty(param.shape, dtype=torch.float32).normal_(0.0, std, generator=generator)
+            param.copy_(values)

@@ -1,0 +1,207 @@
+"""Qwen3.5 text model over a flat ragged batch: gated attention and Gated DeltaNet layers.
+
+    layer_types:  [ linear, linear, linear, full, linear, linear, linear, full, ... ]
+    full:    gated attention    -> paged KV cache (KV-cache layer = rank among full layers)
+    linear:  Gated DeltaNet     -> a state slot  (state-pool layer = rank among linear layers)
+
+As in `omniwalk.layers.transformer` there is no batch dimension: a pass takes the new
+tokens of every sequence concatenated. Attention layers see the batch through the
+`PagedAttention`, recurrent layers through the `StateBatch` (which tokens belong to which
+sequence, and each sequence's states). Module and parameter names equal transformers'
+(`model.layers.0.linear_attn.in_proj_qkv.weight`), so checkpoints load by name.
+
+Norms scale by `1 + weight` (ZeroCenteredRMSNorm), except the gated output norm of the
+DeltaNet, which scales by `weight`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from omniwalk.engine.attention import PagedAttention
+from omniwalk.engine.state_pool import StateBatch
+from omniwalk.layers.causal_conv import causal_conv1d
+from omniwalk.layers.gated_delta_rule import chunk_gated_delta_rule, recurrent_gated_delta_rule
+from omniwalk.layers.mlp import GatedMLP
+from omniwalk.layers.norm import GatedRMSNorm, ZeroCenteredRMSNorm
+from omniwalk.layers.rotary import RotaryEmbedding, apply_rotary
+from omniwalk.models.qwen3_5.config import LINEAR_ATTENTION, Qwen3_5Config
+
+
+class GatedAttention(nn.Module):
+    """GQA with per-head QK norm, partial rotary, and a sigmoid output gate per channel.
+
+    q_proj emits, per head, the query and its gate side by side:
+
+        q_proj(x):  [ q_0 (head_dim) | gate_0 (head_dim) | q_1 | gate_1 | ... ]
+        out = o_proj(attention(q, k, v) * sigmoid(gate))
+    """
+
+    def __init__(self, config: Qwen3_5Config, cache_layer: int):
+        super().__init__()
+        self.cache_layer = cache_layer      # which KV-cache layer this module writes
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.scale = config.head_dim ** -0.5
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(config.hidden_size, 2 * config.q_size, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, config.kv_size, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, config.kv_size, bias=bias)
+        self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=bias)
+        self.q_norm = ZeroCenteredRMSNorm(config.head_dim, config.rms_norm_eps)
+        self.k_norm = ZeroCenteredRMSNorm(config.head_dim, config.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                attention: PagedAttention) -> torch.Tensor:
+        # x: [num_tokens, hidden]; cos, sin: [num_tokens, rotary_dim]
+        num_tokens = x.shape[0]
+        q, gate = self.q_proj(x).view(num_tokens, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
+        q = apply_rotary(self.q_norm(q), cos, sin)                                   # [tokens, heads, head_dim]
+        k = apply_rotary(self.k_norm(self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)), cos, sin)
+        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        out = attention.forward(self.cache_layer, q, k, v, self.scale)               # [tokens, heads, head_dim]
+        out = out.reshape(num_tokens, -1) * torch.sigmoid(gate.reshape(num_tokens, -1))
+        return self.o_proj(out)
+
+
+class GatedDeltaNet(nn.Module):
+    """Linear attention by the gated delta rule (`omniwalk.layers.gated_delta_rule`).
+
+        x -> in_proj_qkv -> short causal conv + SiLU -> q | k | v        (conv state)
+        x -> in_proj_b -> beta = sigmoid(b)                              write strength per head
+        x -> in_proj_a -> g = -exp(A_log) * softplus(a + dt_bias)        log decay per head
+        delta rule(q, k, v, g, beta)                                     (recurrent state)
+        -> norm(., gate = in_proj_z(x)) -> out_proj
+
+    Prefill pieces run the chunked kernel one sequence at a time; all decode tokens of the
+    batch run as one batched recurrent step.
+    """
+
+    def __init__(self, config: Qwen3_5Config, state_layer: int):
+        super().__init__()
+        self.state_layer = state_layer      # which state-pool layer this module reads and writes
+        self.num_k_heads = config.linear_num_key_heads
+        self.num_v_heads = config.linear_num_value_heads
+        self.head_k_dim = config.linear_key_head_dim
+        self.head_v_dim = config.linear_value_head_dim
+        self.key_dim = config.linear_key_dim
+        self.value_dim = config.linear_value_dim
+        conv_dim = config.linear_conv_dim
+        kernel = config.linear_conv_kernel_dim
+        self.in_proj_qkv = nn.Linear(config.hidden_size, conv_dim, bias=False)
+        self.in_proj_z = nn.Linear(config.hidden_size, self.value_dim, bias=False)
+        self.in_proj_b = nn.Linear(config.hidden_size, self.num_v_heads, bias=False)
+        self.in_proj_a = nn.Linear(config.hidden_size, self.num_v_heads, bias=False)
+        # depthwise; only its weight [conv_dim, 1, kernel] is used, by `causal_conv1d`
+        self.conv1d = nn.Conv1d(conv_dim, conv_dim, kernel, groups=conv_dim, padding=kernel - 1, bias=False)
+        self.dt_bias = nn.Parameter(torch.ones(self.num_v_heads))
+        self.A_log = nn.Parameter(torch.zeros(self.num_v_heads))
+        self.norm = GatedRMSNorm(self.head_v_dim, config.rms_norm_eps)
+        self.out_proj = nn.Linear(self.value_dim, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, states: StateBatch) -> torch.Tensor:  # x: [num_tokens, hidden]
+        num_tokens = x.shape[0]
+        mixed = self.in_proj_qkv(x)                                                  # [tokens, conv_dim]
+        beta = self.in_proj_b(x).sigmoid()                                           # [tokens, v_heads]
+        # in fp32: in half precision exp(A_log) could overflow
+        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)
+
+        conv_state, recurrent_state = states.read(self.state_layer)
+        new_conv, new_recurrent = conv_state.clone(), recurrent_state.clone()
+        core = x.new_empty(num_tokens, self.num_v_heads, self.head_v_dim)
+        if len(states.decode_rows):
+            rows, tokens = states.decode_rows, states.decode_tokens
+            out, new_conv[rows], new_recurrent[rows] = self._mix(
+                mixed[tokens, None], g[tokens, None], beta[tokens, None], conv_state[rows], recurrent_state[rows])
+            core[tokens] = out[:, 0]
+        for row, start, length in states.prefills:
+            span = slice(start, start + length)
+            out, new_conv[row], new_recurrent[row] = self._mix(
+                mixed[None, span], g[None, span], beta[None, span], conv_state[row, None], recurrent_state[row, None])
+            core[span] = out[0]
+        states.write(self.state_layer, new_conv, new_recurrent)
+
+        z = self.in_proj_z(x).view(num_tokens, self.num_v_heads, self.head_v_dim)
+        return self.out_proj(self.norm(core, z).reshape(num_tokens, self.value_dim))
+
+    def _mix(self, mixed, g, beta, conv_state, recurrent_state):
+        """Conv and delta rule for `batch` sequences of `seq_len` new tokens each.
+
+        mixed: [batch, seq_len, conv_dim]; g, beta: [batch, seq_len, v_heads];
+        conv_state: [batch, conv_dim, kernel - 1]; recurrent_state: [batch, v_heads, k_dim, v_dim].
+        Returns the output [batch, seq_len, v_heads, v_dim] and both new states."""
+        batch, seq_len = mixed.shape[:2]
+        mixed, conv_state = causal_conv1d(mixed, self.conv1d.weight.squeeze(1), conv_state)
+        q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        q = q.reshape(batch, seq_len, self.num_k_heads, self.head_k_dim)
+        k = k.reshape(batch, seq_len, self.num_k_heads, self.head_k_dim)
+        v = v.reshape(batch, seq_len, self.num_v_heads, self.head_v_dim)
+        rule = recurrent_gated_delta_rule if seq_len == 1 else chunk_gated_delta_rule
+        out, recurrent_state = rule(q, k, v, g, beta, recurrent_state)
+        return out, conv_state, recurrent_state
+
+
+class Qwen3_5DecoderLayer(nn.Module):
+    """Pre-norm block: x + mixer(norm(x)), then x + mlp(norm(x)); the mixer is
+    `linear_attn` (Gated DeltaNet) or `self_attn` (gated attention)."""
+
+    def __init__(self, config: Qwen3_5Config, layer_index: int):
+        super().__init__()
+        self.is_linear = config.layer_types[layer_index] == LINEAR_ATTENTION
+        if self.is_linear:
+            self.linear_attn = GatedDeltaNet(config, config.linear_attention_layers.index(layer_index))
+        else:
+            self.self_attn = GatedAttention(config, config.full_attention_layers.index(layer_index))
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size)
+        self.input_layernorm = ZeroCenteredRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = ZeroCenteredRMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                attention: PagedAttention, states: StateBatch) -> torch.Tensor:
+        h = self.input_layernorm(x)
+        x = x + (self.linear_attn(h, states) if self.is_linear else self.self_attn(h, cos, sin, attention))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Qwen3_5Model(nn.Module):
+    """Embedding, the layer stack and the final norm: HF's `model.` prefix."""
+
+    def __init__(self, config: Qwen3_5Config):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(Qwen3_5DecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = ZeroCenteredRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(config.rotary_dim, config.rope_theta, config.rope_scaling)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                attention: PagedAttention, states: StateBatch) -> torch.Tensor:
+        cos, sin = self.rotary_emb(positions)
+        x = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            x = layer(x, cos, sin, attention, states)
+        return self.norm(x)
+
+
+class Qwen3_5ForCausalLM(nn.Module):
+    """The text model plus LM head. `forward` returns hidden states [num_tokens, hidden];
+    `compute_logits` turns the rows the caller picks into fp32 logits."""
+
+    def __init__(self, config: Qwen3_5Config):
+        super().__init__()
+        self.config = config
+        self.model = Qwen3_5Model(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                attention: PagedAttention, states: StateBatch) -> torch.Tensor:
+        # input_ids, positions: [num_tokens] int64 -> hidden: [num_tokens, hidden]
+        return self.model(input_ids, positions, attention, states)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        # hidden: [num_rows, hidden] -> logits: [num_rows, vocab] fp32
+        return self.lm_head(hidden).float()

@@ -1,0 +1,351 @@
+"""Orpheus TTS: SNAC parity with the `snac` package, the token layout, the speech budget
+contract (exact code counts, documented sample counts, stream == collected bytes), many
+concurrent requests, the end-of-speech stop, and loading a local checkpoint folder."""
+
+from __future__ import annotations
+
+import functools
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from omniwalk import Engine, EngineArgs
+from omniwalk.graph import interpret_request
+from omniwalk.runtime import FunctionExecutor, Request, Runtime, StopConfig, StreamParams
+from omniwalk.models.orpheus.config import (
+    CODES_PER_FRAME, ORPHEUS_3B, TINY_SNAC, TINY_TOKENS, VOICES, samples_per_frame,
+)
+from omniwalk.models.orpheus.model import (
+    OrpheusPrompt, complete_frames, noise_key, orpheus_graph, orpheus_plan, samples_received,
+)
+from omniwalk.models.orpheus.snac import (
+    SNAC_24KHZ, SeededNoise, SnacConfig, SnacDecoder, init_random_snac, load_snac_state, torch_global_noise,
+)
+from omniwalk.models.orpheus.speech import SpeechRequest, collect_speech, submit_speech, synthesize
+
+TOKENIZER_DIR = Path(__file__).parents[2] / "omniwalk" / "models" / "assets" / "tiny-tokenizer"
+
+
+# ---------------------------------------------------------------- SNAC
+
+
+def reference_snac(config: SnacConfig, seed: int = 0):
+    """`snac.SNAC` with random weights; Snake alphas and biases randomized too, so that
+    every parameter kind matters to the comparison."""
+    snac = pytest.importorskip("snac")
+    torch.manual_seed(seed)
+    model = snac.SNAC(**config.to_dict()).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(".alpha"):
+                param.uniform_(0.5, 2.0)
+            elif name.endswith(".bias"):
+                param.normal_(0.0, 0.1)
+    return model
+
+
+def random_codes(config: SnacConfig, rows: int, frames: int) -> list[torch.Tensor]:
+    top = config.vq_strides[0]
+    return [torch.randint(0, config.codebook_size, (rows, frames * top // s)) for s in config.vq_strides]
+
+
+@pytest.mark.parametrize("config", [
+    TINY_SNAC,
+    replace(TINY_SNAC, noise=False, depthwise=False),
+    SNAC_24KHZ,
+], ids=["tiny", "tiny-plain", "snac_24khz"])
+def test_snac_decoder_matches_the_snac_package(config):
+    reference = reference_snac(config)
+    ours = SnacDecoder(config)
+    load_snac_state(ours, reference.state_dict())    # parametrizations.weight.original0/1 names
+    rows, frames = (3, 4) if config is not SNAC_24KHZ else (1, 2)
+    codes = random_codes(config, rows, frames)
+    with torch.inference_mode():
+        torch.manual_seed(1)
+        expected = reference.decode(codes)
+        torch.manual_seed(1)    # the same noise draws, in the same order
+        got = ours(codes, torch_global_noise)
+    assert got.shape == expected.shape == (rows, 1, frames * samples_per_frame(config))
+    assert (got - expected).abs().max().item() < 1e-4
+    assert expected.std().item() > 1e-3     # not a trivially silent comparison
+
+
+def test_snac_loads_old_weight_norm_names():
+    reference = reference_snac(TINY_SNAC)
+    old_names = {}
+    for name, tensor in reference.state_dict().items():
+        name = name.replace(".parametrizations.weight.original0", ".weight_g")
+        old_names[name.replace(".parametrizations.weight.original1", ".weight_v")] = tensor
+    new, old = SnacDecoder(TINY_SNAC), SnacDecoder(TINY_SNAC)
+    load_snac_state(new, reference.state_dict())
+    load_snac_state(old, old_names)
+    for (name, a), (_, b) in zip(new.named_parameters(), old.named_parameters()):
+        assert torch.equal(a, b), name
+    with pytest.raises(ValueError, match="missing"):
+        load_snac_state(new, {k: v for k, v in reference.state_dict().items() if "decoder.model.0" not in k})
+
+
+def test_seeded_noise_is_batch_invariant_and_reproducible():
+    decoder = SnacDecoder(TINY_SNAC)
+    init_random_snac(decoder, seed=5)
+    codes = random_codes(TINY_SNAC, 3, 4)
+    keys = [11, 22, 33]
+    with torch.inference_mode():
+        together = decoder(codes, SeededNoise(keys))
+        alone = [decoder([c[i:i + 1] for c in codes], SeededNoise([keys[i]])) for i in range(3)]
+        again = decoder(codes, SeededNoise(keys))
+    assert torch.equal(together, again)
+    x = torch.zeros(3, 8, 50)
+    for i in range(3):   # the noise itself is a function of the row's key alone, exactly
+        assert torch.equal(SeededNoise(keys)(2, x)[i], SeededNoise([keys[i]])(2, x[i:i + 1])[0])
+        # the convolutions of a batch of 3 and of 1 may round differently on CPU
+        torch.testing.assert_close(together[i:i + 1], alone[i], atol=2e-5, rtol=0)
+    assert 0.05 < together.std().item() < 0.9     # audible, not clipped: byte comparisons mean something
+
+
+# ---------------------------------------------------------------- token layout
+
+
+def test_orpheus_token_layout():
+    t = ORPHEUS_3B
+    assert (t.start_of_speech, t.end_of_speech, t.start_of_human, t.end_of_human, t.start_of_ai, t.end_of_ai) == \
+        (128257, 128258, 128259, 128260, 128261, 128262)
+    assert t.audio_start == 128266 and t.audio_end == 128266 + 7 * 4096
+    # the reference: code = int(N) - 10 - (index % 7) * 4096 for <custom_token_N>, id = 128256 + N
+    for position in range(7):
+        for code in (0, 1, 4095):
+            token = t.code_id(code, position)
+            assert t.code_of(token, position) == (token - 128256) - 10 - position * 4096 == code
+    with pytest.raises(ValueError):
+        t.code_of(t.code_id(5, 1), 2)     # a code of another frame position
+    assert t.prompt_ids([128000, 7, 8]) == [128259, 128000, 7, 8, 128009, 128260, 128261, 128257]
+    assert "tara" in VOICES and len(VOICES) == 8
+
+
+# ---------------------------------------------------------------- the plan, runtime vs interpreter
+
+
+@pytest.mark.parametrize("stop_at", [None, 30, 34])
+def test_every_complete_frame_is_emitted_once_in_order(stop_at):
+    """Toy nodes on the real graph and plan: the backbone emits code i at step i (or the
+    stop id at `stop_at`); the decoder returns the frame numbers it emits. The runtime and
+    the reference interpreter agree, and the frames are exactly 0 .. F-1."""
+    tokens = TINY_TOKENS
+
+    def backbone(state, inputs):
+        step = state["step"] = state.get("step", -1) + 1
+        token = tokens.end_of_speech if step == stop_at else tokens.code_id(step % 64, step % 7)
+        return {"token": token}
+
+    def decoder(state, inputs):
+        first, end = inputs["emit"]
+        return {"pcm": [inputs["window"].first_frame + f for f in range(first, end)]}
+
+    graph = orpheus_graph()
+    functions = {"backbone": backbone, "snac_decoder": decoder}
+    plan = functools.partial(orpheus_plan, tokens)
+    model = SimpleNamespace(graph=graph, plan=plan,
+                            executors={name: FunctionExecutor(fn, max_batch_size=3) for name, fn in functions.items()})
+    runtime = Runtime(model)
+    stop = StopConfig(eos_ids=frozenset({tokens.end_of_speech}))
+    prompt = OrpheusPrompt([1, 2, 3])
+    budgets = range(1, 50)
+    for n in budgets:   # all at once: the toy nodes run batches of up to 3 streams
+        runtime.add_request(Request(f"r{n}", prompt, {"codes": StreamParams(n, stop), "audio": StreamParams()}))
+    audio: dict[str, list] = {}
+    while runtime.has_unfinished:
+        for out in runtime.step():
+            audio.setdefault(out.request_id, []).extend(out.items.get(("audio", "audio"), []))
+    for n in budgets:
+        expected = interpret_request(graph, plan, functions, prompt, limits={"codes": n},
+                                     stop_items={"codes": {tokens.end_of_speech}})
+        emitted = [f for pcm in expected["audio"].outputs["audio"] for f in pcm]
+        codes = n if stop_at is None or stop_at >= n else stop_at
+        assert emitted == list(range(complete_frames(codes)))
+        assert [f for pcm in audio[f"r{n}"] for f in pcm] == emitted
+
+
+# ---------------------------------------------------------------- speech through the engine
+
+
+@pytest.fixture(scope="module")
+def engine():
+    with Engine(EngineArgs("tiny-orpheus", max_num_batched_tokens=256)) as engine:
+        yield engine
+
+
+def speech(n: int, seed: int = 11, **kw) -> SpeechRequest:
+    fields = dict(max_output_tokens=n, ignore_eos=True, temperature=1.0, seed=seed)
+    fields.update(kw)
+    return SpeechRequest("The river ran past the old mill.", **fields)
+
+
+def expected_pcm(engine, token_ids: list[int], seed: int) -> bytes:
+    """The documented chunking, written out independently of the model's plan: frame 0-1
+    from the first 4-frame window, each later window's centre (samples S:2S, as the
+    reference decoder), the last window's frames 2-3 at the end; F < 4: all at once."""
+    model = engine.model
+    frame = model.frame_samples
+    codes = [model.tokens.code_of(t, i % 7) for i, t in enumerate(token_ids) if t != model.tokens.end_of_speech]
+    num_frames = len(codes) // 7
+
+    def decode(first: int, count: int) -> np.ndarray:
+        f = torch.tensor(codes[first * 7:(first + count) * 7]).view(1, count, 7)
+        levels = [f[:, :, 0], f[:, :, [1, 4]].flatten(1), f[:, :, [2, 3, 5, 6]].flatten(1)]
+        with torch.inference_mode():
+            audio = model.snac(levels, SeededNoise([noise_key(seed, first)]))[0, 0]
+        return (audio * 32767).to(torch.int16).numpy()
+
+    if num_frames == 0:
+        return b""
+    if num_frames < 4:
+        return decode(0, num_frames).astype("<i2").tobytes()
+    parts = [decode(0, 4)[: 2 * frame]]
+    parts += [decode(end - 3, 4)[frame: 2 * frame] for end in range(4, num_frames)]
+    parts.append(decode(num_frames - 4, 4)[2 * frame:])
+    return np.concatenate(parts).astype("<i2").tobytes()
+
+
+def assert_audio_codes(engine, token_ids: list[int]) -> None:
+    tokens = engine.model.tokens
+    for index, token in enumerate(token_ids):
+        tokens.code_of(token, index % CODES_PER_FRAME)    # raises if not a code of that position
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 28, 29, 200])
+def test_exactly_n_codes_and_the_documented_samples(engine, n):
+    before = dict(engine.runtime.walk_counts)
+    result = synthesize(engine, speech(n))
+    chunks = list(submit_speech(engine, speech(n)))
+
+    assert len(result.token_ids) == n and result.finish_reason == "length"
+    assert_audio_codes(engine, result.token_ids)
+    frames = n // 7                               # a partial frame is dropped, never padded
+    usage = result.usage
+    assert (usage.output_tokens, usage.codes, usage.frames) == (n, n, frames)
+    assert usage.samples == len(result.pcm) // 2 == samples_received(frames, engine.model.frame_samples)
+    assert samples_received(frames) == frames * 2048    # snac_24khz's frame: 4 latent steps x 512
+
+    # streamed == collected, byte for byte; and the bytes are the documented windows
+    assert b"".join(c.pcm for c in chunks) == result.pcm
+    assert [t for c in chunks for t in c.token_ids] == result.token_ids
+    assert chunks[-1].finished and chunks[-1].usage == usage
+    assert result.pcm == expected_pcm(engine, result.token_ids, seed=11)
+
+    walks = {k: v - before.get(k, 0) for k, v in engine.runtime.walk_counts.items()}
+    assert walks["prefill"] == 2
+    assert walks.get("decode", 0) == (0 if n == 1 else 2)    # N = 1 ends at its prefill
+    if n >= 200:   # streaming: audio arrives while codes are still being generated
+        first_audio = next(i for i, c in enumerate(chunks) if c.pcm)
+        assert first_audio < len(chunks) - 1 and not chunks[first_audio].finished
+
+
+def test_partial_frames_add_no_audio(engine):
+    for whole, partial in ((7, 8), (28, 29), (28, 34)):
+        a, b = synthesize(engine, speech(whole)), synthesize(engine, speech(partial))
+        assert b.token_ids[:whole] == a.token_ids
+        assert b.pcm == a.pcm and b.usage.frames == a.usage.frames
+
+
+def test_32_concurrent_speech_requests(engine):
+    budgets = [1 + (i * 13) % 90 for i in range(32)]
+    walks, batches = engine.runtime.walk_counts["vocode"], engine.runtime.node_batches["snac_decoder"]
+    streams = [submit_speech(engine, speech(n, seed=100 + i)) for i, n in enumerate(budgets)]
+    results = [collect_speech(stream) for stream in streams]
+    walks = engine.runtime.walk_counts["vocode"] - walks
+    assert engine.runtime.node_batches["snac_decoder"] - batches < walks    # windows of several requests per forward
+    frame = engine.model.frame_samples
+    for i, (n, result) in enumerate(zip(budgets, results)):
+        assert result.error is None and result.finish_reason == "length"
+        assert len(result.token_ids) == n and result.usage.codes == n
+        assert len(result.pcm) // 2 == result.usage.samples == samples_received(n // 7, frame)
+        # batched SNAC windows give what this request's windows give alone (to 1 LSB)
+        alone = np.frombuffer(expected_pcm(engine, result.token_ids, seed=100 + i), dtype="<i2").astype(int)
+        batched = np.frombuffer(result.pcm, dtype="<i2").astype(int)
+        assert np.abs(alone - batched).max(initial=0) <= 1
+
+
+def test_end_of_speech_stops_and_is_never_audio(engine, monkeypatch):
+    # With top_p = 1 the sampler's race picks the same code whether or not end_of_speech
+    # may compete, so the stopped run is the free run cut at the first stop it samples.
+    eos = engine.model.tokens.end_of_speech
+    plan, audio_inputs = engine.model.plan, []
+
+    def recording_plan(view):
+        if view.name == "audio" and view.chunk is not None:
+            audio_inputs.extend(view.chunk.items)
+        return plan(view)
+
+    free = synthesize(engine, speech(200, seed=13, top_p=1.0))
+    monkeypatch.setattr(engine.model, "plan", recording_plan)
+    stopped = synthesize(engine, speech(200, seed=13, top_p=1.0, ignore_eos=False))
+    monkeypatch.undo()
+    assert audio_inputs and eos not in audio_inputs      # the stop item never reaches the audio stream
+    assert stopped.finish_reason == "stop", "seed 13 no longer samples end_of_speech within 200 codes"
+    k = len(stopped.token_ids) - 1
+    assert k % 7 and k >= 28        # a partial frame before the stop, and streamed windows
+    assert stopped.token_ids == free.token_ids[:k] + [eos]
+    assert stopped.usage.output_tokens == k + 1 and stopped.usage.codes == k
+    assert stopped.usage.samples == samples_received(k // 7, engine.model.frame_samples)
+    same_codes = synthesize(engine, speech(k, seed=13, top_p=1.0))
+    assert stopped.pcm == same_codes.pcm      # the stop item added nothing
+    streamed = list(submit_speech(engine, speech(200, seed=13, top_p=1.0, ignore_eos=False)))
+    assert b"".join(c.pcm for c in streamed) == stopped.pcm and streamed[-1].finish_reason == "stop"
+
+
+def test_bad_speech_requests(engine):
+    with pytest.raises(ValueError, match="voice"):
+        SpeechRequest("hi", voice="nobody")
+    with pytest.raises(ValueError, match="max_output_tokens"):
+        SpeechRequest("hi", max_output_tokens=0)
+    with pytest.raises(ValueError, match="context"):
+        submit_speech(engine, speech(10**6))
+
+
+# ---------------------------------------------------------------- a local checkpoint folder
+
+
+def write_orpheus_folder(folder: Path, snac_config: SnacConfig):
+    """A tiny Llama with Orpheus' vocabulary (HF format), the tiny tokenizer, and a `snac`
+    package checkpoint in `snac/` (parametrized weight-norm names, pytorch_model.bin)."""
+    import transformers
+
+    config = transformers.LlamaConfig(
+        vocab_size=ORPHEUS_3B.audio_end + 2, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512, tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(folder, safe_serialization=True)
+    for file in TOKENIZER_DIR.iterdir():
+        shutil.copy(file, folder / file.name)
+    reference = reference_snac(snac_config, seed=2)
+    (folder / "snac").mkdir()
+    (folder / "snac" / "config.json").write_text(json.dumps(snac_config.to_dict()))
+    torch.save(reference.state_dict(), folder / "snac" / "pytorch_model.bin")
+    return reference
+
+
+def test_loads_a_local_checkpoint_and_snac_folder(tmp_path):
+    snac_config = replace(TINY_SNAC, codebook_size=4096)    # the real id layout needs 4096 codes
+    reference = write_orpheus_folder(tmp_path, snac_config)
+    with pytest.raises(FileNotFoundError, match="SNAC"):
+        Engine(EngineArgs(str(tmp_path), codec=str(tmp_path / "elsewhere")))
+    with Engine(EngineArgs(str(tmp_path), kv_cache_tokens=2048)) as engine:
+        assert engine.model.tokens == ORPHEUS_3B
+        codes = random_codes(snac_config, 2, 3)
+        with torch.inference_mode():
+            torch.manual_seed(4)
+            expected = reference.decode(codes)
+            torch.manual_seed(4)
+            got = engine.model.snac(codes, torch_global_noise)
+        assert (got - expected).abs().max().item() < 1e-4
+        result = synthesize(engine, speech(37, voice="leo"))
+        assert len(result.token_ids) == 37 and result.usage.frames == 5
+        assert_audio_codes(engine, result.token_ids)
+        assert len(result.pcm) // 2 == samples_received(5, samples_per_frame(snac_config))
