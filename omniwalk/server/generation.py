@@ -38,7 +38,8 @@ class ServerContext:
 
     engine: Engine
     metrics: ServerMetrics
-    model_name: str
+    model_name: str                                        # what `model` must say on /v1 routes
+    created: int = field(default_factory=lambda: int(time.time()))
 
     def submit(self, requests: list[GenerationRequest], request_id: str) -> "Generation":
         return Generation(self, requests, request_id)
@@ -68,6 +69,8 @@ class Generation:
     """The engine requests of one HTTP request."""
 
     def __init__(self, ctx: ServerContext, requests: list[GenerationRequest], request_id: str):
+        if not ctx.engine.is_alive:
+            raise ApiError(503, f"the engine is not running ({ctx.engine.loop_error!r})")
         start = time.monotonic()
         loop = asyncio.get_running_loop()
         self.request_id = request_id
@@ -144,9 +147,9 @@ class ClientDisconnected(Exception):
     """The client of a non-streamed request went away; its engine requests were aborted."""
 
 
-async def until_disconnected(request: Request, work):
-    """Await `work` (a coroutine); if the client disconnects first, cancel it (which aborts)."""
-    task = asyncio.ensure_future(work)
+async def until_disconnected(request: Request, generation: Generation) -> list[Collected]:
+    """The results of `generation`; if the client disconnects first, abort it instead."""
+    task = asyncio.ensure_future(generation.results())
     watcher = asyncio.ensure_future(_wait_for_disconnect(request))
     try:
         done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
@@ -156,6 +159,7 @@ async def until_disconnected(request: Request, work):
             task.cancel()
             with contextlib.suppress(BaseException):
                 await task
+            generation.abort_unfinished()   # also when the task was cancelled before it started
     if task in done:
         return task.result()
     raise ClientDisconnected()
@@ -168,18 +172,23 @@ async def _wait_for_disconnect(request: Request) -> None:
 
 
 class AbortingStreamingResponse(StreamingResponse):
-    """A streaming response that always closes its body generator, however it ends.
+    """A streaming response of a Generation that aborts it however the response ends.
 
     Starlette cancels the sending task on a client disconnect; when that happens while
-    the generator sits at a `yield`, the generator would otherwise stay open until garbage
-    collection. Closing it runs its `finally`, which aborts the engine requests.
+    the body generator sits at a `yield`, it would otherwise stay open until garbage
+    collection, and when it happens before the first chunk, the generator never started.
     """
+
+    def __init__(self, content, generation: Generation, **kwargs):
+        super().__init__(content, **kwargs)
+        self.generation = generation
 
     async def __call__(self, scope, receive, send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
             await self.body_iterator.aclose()
+            self.generation.abort_unfinished()
 
 
 def disconnected_response() -> Response:

@@ -108,17 +108,21 @@ class _EngineCollector:
     def collect(self):
         engine = self.engine
         runtime = engine.runtime
-        allocator = engine.model.cache.allocator
         gauges = [
             ("omniwalk_num_requests_waiting", "Requests waiting for admission", len(runtime.waiting)),
             ("omniwalk_num_requests_running", "Requests admitted and running", len(runtime.running)),
             ("omniwalk_num_requests_in_flight", "Requests submitted and not finished", engine.num_in_flight),
-            ("omniwalk_kv_cache_pages_used", "KV cache pages in use", allocator.num_used),
-            ("omniwalk_kv_cache_pages_free", "KV cache pages free", allocator.num_free),
-            ("omniwalk_kv_cache_usage_ratio", "Fraction of KV cache pages in use",
-             allocator.num_used / allocator.num_pages),
             ("omniwalk_engine_alive", "1 while the engine loop runs", float(engine.is_alive)),
         ]
+        cache = getattr(engine.model, "cache", None)   # the paged KV cache of the backbone
+        if cache is not None:
+            allocator = cache.allocator
+            gauges += [
+                ("omniwalk_kv_cache_pages_used", "KV cache pages in use", allocator.num_used),
+                ("omniwalk_kv_cache_pages_free", "KV cache pages free", allocator.num_free),
+                ("omniwalk_kv_cache_usage_ratio", "Fraction of KV cache pages in use",
+                 allocator.num_used / allocator.num_pages),
+            ]
         for name, documentation, value in gauges:
             yield GaugeMetricFamily(name, documentation, value=value)
         yield CounterMetricFamily("omniwalk_engine_steps", "Engine loop steps", value=engine.steps)

@@ -28,7 +28,7 @@ from omniwalk.server.generation import (
     AbortingStreamingResponse, ClientDisconnected, Generation, ServerContext, disconnected_response,
     until_disconnected,
 )
-from omniwalk.server.protocol import ApiError, GenerateRequest
+from omniwalk.server.protocol import ApiError, GenerateRequest, check_stop_token_ids
 
 
 def native_router(ctx: ServerContext) -> APIRouter:
@@ -38,10 +38,10 @@ def native_router(ctx: ServerContext) -> APIRouter:
     async def generate(body: GenerateRequest, request: Request):
         generation = ctx.submit([to_generation_request(body)], f"gen-{uuid.uuid4().hex}")
         if body.stream:
-            return AbortingStreamingResponse(_ndjson(generation, body.logprobs is not None),
+            return AbortingStreamingResponse(_ndjson(generation, body.logprobs is not None), generation,
                                              media_type="application/x-ndjson")
         try:
-            [result] = await until_disconnected(request, generation.results())
+            [result] = await until_disconnected(request, generation)
         except ClientDisconnected:
             return disconnected_response()
         if result.finish_reason not in ("length", "stop"):
@@ -71,7 +71,7 @@ def to_generation_request(body: GenerateRequest) -> GenerationRequest:
         return GenerationRequest(
             prompt=body.prompt, prompt_token_ids=body.prompt_token_ids, max_tokens=body.max_output_tokens,
             min_tokens=body.min_tokens, ignore_eos=body.ignore_eos, stop=stop,
-            stop_token_ids=list(body.stop_token_ids or []), sampling=sampling,
+            stop_token_ids=check_stop_token_ids(body.stop_token_ids), sampling=sampling,
         )
     except ValueError as exc:
         raise ApiError(400, str(exc)) from None

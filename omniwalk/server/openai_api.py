@@ -1,4 +1,4 @@
-"""OpenAI-compatible routes: GET /v1/models, POST /v1/completions, POST /v1/chat/completions.
+"""OpenAI-compatible routes: GET /v1/models[/{id}], POST /v1/completions, POST /v1/chat/completions.
 
 They behave like `vllm serve` where the two overlap:
 
@@ -21,6 +21,7 @@ DEFAULT_CHAT_TEMPLATE (ChatML, as Qwen uses).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
@@ -36,7 +37,9 @@ from omniwalk.server.generation import (
     AbortingStreamingResponse, ClientDisconnected, Collected, Generation, ServerContext,
     disconnected_response, until_disconnected,
 )
-from omniwalk.server.protocol import ApiError, ChatCompletionRequest, CompletionRequest, error_body
+from omniwalk.server.protocol import (
+    ApiError, ChatCompletionRequest, CompletionRequest, check_stop_token_ids, error_body,
+)
 
 DEFAULT_CHAT_TEMPLATE = (
     "{%- for message in messages %}"
@@ -52,12 +55,19 @@ def openai_router(ctx: ServerContext) -> APIRouter:
     router = APIRouter(prefix="/v1")
     token_text = _token_text_cache(ctx.engine.tokenizer)
 
+    def model_card() -> dict:
+        return {"id": ctx.model_name, "object": "model", "created": ctx.created, "owned_by": "omniwalk",
+                "root": ctx.engine.args.model, "parent": None, "max_model_len": ctx.engine.max_model_len}
+
     @router.get("/models")
     async def models():
-        return {"object": "list", "data": [{
-            "id": ctx.model_name, "object": "model", "created": int(ctx.engine.loaded_at), "owned_by": "omniwalk",
-            "root": ctx.engine.args.model, "parent": None, "max_model_len": ctx.engine.max_model_len,
-        }]}
+        return {"object": "list", "data": [model_card()]}
+
+    @router.get("/models/{model:path}")
+    async def model(model: str):
+        if model != ctx.model_name:
+            raise ApiError(404, f"The model `{model}` does not exist.", "model")
+        return model_card()
 
     @router.post("/completions")
     async def completions(body: CompletionRequest, request: Request):
@@ -68,14 +78,7 @@ def openai_router(ctx: ServerContext) -> APIRouter:
         base = _base_request(body, body.max_tokens, body.logprobs)
         requests = [_choice_request(base, prompt, body.seed, i) for prompt in prompts for i in range(body.n)]
         generation = ctx.submit(requests, f"cmpl-{uuid.uuid4().hex}")
-        view = _CompletionView(ctx, body, generation, token_text)
-        if body.stream:
-            return AbortingStreamingResponse(view.events(), media_type="text/event-stream")
-        try:
-            results = await until_disconnected(request, generation.results())
-        except ClientDisconnected:
-            return disconnected_response()
-        return view.response(results)
+        return await _respond(request, _CompletionView(ctx, body, generation, token_text))
 
     @router.post("/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
@@ -88,16 +91,21 @@ def openai_router(ctx: ServerContext) -> APIRouter:
         base = _base_request(body, max_tokens, logprobs)
         requests = [_choice_request(base, prompt_ids, body.seed, i) for i in range(body.n)]
         generation = ctx.submit(requests, f"chatcmpl-{uuid.uuid4().hex}")
-        view = _ChatView(ctx, body, generation, token_text)
-        if body.stream:
-            return AbortingStreamingResponse(view.events(), media_type="text/event-stream")
-        try:
-            results = await until_disconnected(request, generation.results())
-        except ClientDisconnected:
-            return disconnected_response()
-        return view.response(results)
+        return await _respond(request, _ChatView(ctx, body, generation, token_text))
 
     return router
+
+
+async def _respond(request: Request, view: "_View"):
+    """SSE events, or the whole response once every choice is done (or the client left)."""
+    if view.body.stream:
+        return AbortingStreamingResponse(view.events(), view.generation, media_type="text/event-stream",
+                                         headers={"Cache-Control": "no-cache"})
+    try:
+        results = await until_disconnected(request, view.generation)
+    except ClientDisconnected:
+        return disconnected_response()
+    return view.response(results)
 
 
 # ----------------------------------------------------------------------------- checks
@@ -178,7 +186,7 @@ def _base_request(body, max_tokens: int | None, logprobs: int | None) -> Generat
         )
         return GenerationRequest(
             prompt_token_ids=[0], max_tokens=max_tokens, min_tokens=body.min_tokens, ignore_eos=body.ignore_eos,
-            stop=stop, stop_token_ids=list(body.stop_token_ids or []), sampling=sampling,
+            stop=stop, stop_token_ids=check_stop_token_ids(body.stop_token_ids), sampling=sampling,
         )
     except ValueError as exc:
         raise ApiError(400, str(exc)) from None
@@ -204,15 +212,29 @@ def render_chat(tokenizer, body: ChatCompletionRequest) -> list[int]:
             entry["name"] = message.name
         messages.append(entry)
     template = None if getattr(tokenizer, "chat_template", None) else DEFAULT_CHAT_TEMPLATE
+    extra = dict(body.chat_template_kwargs or {})
+    reserved = sorted(set(extra) & _RESERVED_TEMPLATE_ARGS)
+    if reserved:
+        raise ApiError(400, f"chat_template_kwargs may not set {reserved}", "chat_template_kwargs")
     try:
         text = tokenizer.apply_chat_template(
             messages, chat_template=template, tokenize=False,
             add_generation_prompt=body.add_generation_prompt and not body.continue_final_message,
-            continue_final_message=body.continue_final_message, **(body.chat_template_kwargs or {}),
+            continue_final_message=body.continue_final_message, **extra,
         )
     except Exception as exc:   # a template raising on these messages is a bad request
         raise ApiError(400, f"the chat template failed on these messages: {exc}", "messages") from None
+    if not isinstance(text, str):
+        raise ApiError(400, "the chat template did not render text", "chat_template_kwargs")
     return tokenizer.encode(text, add_special_tokens=False)
+
+
+# apply_chat_template's own parameters: not template variables
+_RESERVED_TEMPLATE_ARGS = frozenset({
+    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors", "return_dict",
+    "return_assistant_tokens_mask", "tokenizer_kwargs",
+})
 
 
 # ----------------------------------------------------------------------------- responses
@@ -271,23 +293,23 @@ class _View:
         counts = [0] * len(self.generation.streams)
         for payload in self.opening():
             yield _sse(self._with_usage(payload, include_usage))
-        async for index, chunk in self.generation.chunks():
-            if chunk.finished and chunk.finish_reason not in _OUTPUT_REASONS:
-                message = chunk.error or f"the request ended with {chunk.finish_reason}"
-                yield _sse(error_body(500, message))
-                break
-            counts[index] += len(chunk.token_ids)
-            payload = self._envelope(self.chunk_object_name, [self.delta(index, chunk)])
-            self.decorate_first(payload, index)
-            if continuous:
-                prompt = len(self.generation.prompt_token_ids(index))
-                payload["usage"] = _usage(prompt, counts[index])
-            yield _sse(self._with_usage(payload, include_usage))
-        else:
-            if include_usage:
-                payload = self._envelope(self.chunk_object_name, [])
-                payload["usage"] = _usage(self.prompt_tokens(), sum(counts))
-                yield _sse(payload)
+        failed = False
+        async with contextlib.aclosing(self.generation.chunks()) as chunks:
+            async for index, chunk in chunks:
+                if chunk.finished and chunk.finish_reason not in _OUTPUT_REASONS:
+                    # an error after the stream started: an error event, never a silent stop
+                    yield _sse(error_body(500, chunk.error or f"the request ended with {chunk.finish_reason}"))
+                    failed = True
+                    break   # closing `chunks` aborts the other choices
+                counts[index] += len(chunk.token_ids)
+                payload = self._envelope(self.chunk_object_name, [self.delta(index, chunk)])
+                if continuous:
+                    payload["usage"] = _usage(len(self.generation.prompt_token_ids(index)), counts[index])
+                yield _sse(self._with_usage(payload, include_usage))
+        if include_usage and not failed:
+            payload = self._envelope(self.chunk_object_name, [])
+            payload["usage"] = _usage(self.prompt_tokens(), sum(counts))
+            yield _sse(payload)
         yield "data: [DONE]\n\n"
 
     @staticmethod
@@ -299,9 +321,6 @@ class _View:
     # per-route shapes
     def opening(self) -> list[dict]:
         return []
-
-    def decorate_first(self, payload: dict, index: int) -> None:
-        pass
 
     def choice(self, index: int, result: Collected) -> dict:
         raise NotImplementedError

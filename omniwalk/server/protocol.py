@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 
 class ApiError(Exception):
@@ -35,13 +35,48 @@ class ApiError(Exception):
         return error_body(self.status, self.message, self.param)
 
 
+def check_stop_token_ids(ids: list[int] | None) -> list[int]:
+    """Stop ids are matched against sampled ids; a negative one is a client mistake."""
+    ids = list(ids or [])
+    if any(i < 0 for i in ids):
+        raise ApiError(400, f"stop_token_ids must be >= 0, got {[i for i in ids if i < 0][:5]}", "stop_token_ids")
+    return ids
+
+
 def error_body(status: int, message: str, param: str | None = None) -> dict:
-    return {"error": {"message": message, "type": ApiError.TYPES.get(status, "Error"),
-                      "param": param, "code": status}}
+    return {"error": {"message": printable(message), "type": ApiError.TYPES.get(status, "Error"),
+                      "param": None if param is None else printable(param), "code": status}}
+
+
+def printable(text: str) -> str:
+    """`text` made safe to encode as UTF-8 (an error message may quote what the client sent)."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        # JSON may carry lone surrogates ("\ud800"); no tokenizer can encode them
+        if _has_lone_surrogate(data):
+            raise ValueError("strings must be valid Unicode (the body has a lone surrogate escape)")
+        return data
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+    if isinstance(value, dict):
+        return any(_has_lone_surrogate(k) or _has_lone_surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_lone_surrogate(v) for v in value)
+    return False
 
 
 # ----------------------------------------------------------------------------- native

@@ -1,0 +1,221 @@
+"""Where `omniwalk bench` sends requests, and what it records of each.
+
+    InProcessBackend(engine)                  asyncio over `Engine.submit(..., loop=...)`
+    OpenAICompletionsBackend(url, model)      streaming POST /v1/completions over httpx
+
+Both fill one `RequestRecord` per request: when it was sent, when each response chunk
+arrived and how many output ids it carried, and how it ended. Output ids are counted
+from the ids the server returns (`token_ids` on each streamed choice, a vLLM extension
+asked for with `return_token_ids`). A server that returns none is still measured, but
+its counts come from `usage.completion_tokens` (or, lacking that, from the number of
+chunks), and the record says so: `count_source` is then not "ids".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import httpx
+
+from omniwalk.bench.workload import BenchRequest
+
+now = time.perf_counter
+
+
+@dataclass
+class RequestRecord:
+    """One request as the client saw it. Times are `time.perf_counter()` seconds."""
+
+    index: int
+    prompt_len: int
+    requested_output_len: int          # the max_tokens it asked for
+    send_time: float = 0.0
+    # (arrival time, output ids the chunk carried); None: the server sent no ids, only text
+    arrivals: list[tuple[float, int | None]] = field(default_factory=list)
+    end_time: float | None = None      # the response was complete (final record / [DONE]) or failed
+    finish_reason: str | None = None
+    error: str | None = None
+    http_status: int | None = None     # None in-process
+    usage_output_tokens: int | None = None   # usage.completion_tokens, when the server sent it
+
+    @property
+    def id_based(self) -> bool:
+        return all(n is not None for _, n in self.arrivals)
+
+    @property
+    def count_source(self) -> str:
+        """How `output_tokens` was counted: ids (exact), usage or chunks (neither is id-based)."""
+        if self.id_based:
+            return "ids"
+        return "usage" if self.usage_output_tokens is not None else "chunks"
+
+    @property
+    def output_tokens(self) -> int:
+        source = self.count_source
+        if source == "ids":
+            return sum(n for _, n in self.arrivals)
+        if source == "usage":
+            return self.usage_output_tokens
+        return len(self.arrivals)
+
+    def fail(self, message: str) -> None:
+        self.error = message
+        self.end_time = now()
+
+
+class Backend(Protocol):
+    name: str
+
+    async def send(self, request: BenchRequest) -> RequestRecord:
+        """Send one request, wait for all of it; never raises for a failed request."""
+
+    async def aclose(self) -> None: ...
+
+
+def _new_record(request: BenchRequest) -> RequestRecord:
+    return RequestRecord(request.index, request.prompt_len, request.output_len)
+
+
+class InProcessBackend:
+    """Requests straight into an in-process `Engine` (no HTTP): the runtime's own overhead."""
+
+    name = "in-process"
+
+    def __init__(self, engine, ignore_eos: bool):
+        self.engine = engine
+        self.ignore_eos = ignore_eos
+
+    async def send(self, request: BenchRequest) -> RequestRecord:
+        from omniwalk.api import GenerationRequest, QueueFullError
+        from omniwalk.engine.sampler import SamplingParams
+
+        record = _new_record(request)
+        generation = GenerationRequest(prompt_token_ids=request.prompt_token_ids, max_tokens=request.output_len,
+                                       ignore_eos=self.ignore_eos, sampling=SamplingParams(temperature=0.0))
+        record.send_time = now()
+        try:
+            stream = self.engine.submit(generation, loop=asyncio.get_running_loop())
+        except (ValueError, QueueFullError, RuntimeError) as exc:
+            record.fail(f"{type(exc).__name__}: {exc}")
+            return record
+        async for chunk in stream:
+            arrived = now()
+            record.arrivals.append((arrived, len(chunk.token_ids)))
+            if chunk.finished:
+                record.end_time = arrived
+                record.finish_reason = chunk.finish_reason
+                record.error = chunk.error
+        return record
+
+    async def aclose(self) -> None:   # the engine outlives one run
+        pass
+
+
+class OpenAICompletionsBackend:
+    """Streaming /v1/completions of any OpenAI-compatible server, prompts sent as token ids."""
+
+    name = "openai-completions"
+
+    def __init__(self, base_url: str, model: str | None, ignore_eos: bool, timeout_s: float = 600.0,
+                 transport: httpx.AsyncBaseTransport | None = None):
+        self.base_url = normalize_base_url(base_url)
+        self.model = model
+        self.ignore_eos = ignore_eos
+        # no pool limit: the bench's own concurrency is the only cap on requests in flight
+        self.client = httpx.AsyncClient(
+            base_url=self.base_url, transport=transport,
+            timeout=httpx.Timeout(timeout_s, connect=30.0),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
+        )
+
+    def payload(self, request: BenchRequest) -> dict:
+        body = {
+            "prompt": request.prompt_token_ids, "max_tokens": request.output_len, "temperature": 0.0,
+            "ignore_eos": self.ignore_eos, "stream": True, "stream_options": {"include_usage": True},
+            "return_token_ids": True,
+        }
+        if self.model is not None:
+            body["model"] = self.model
+        return body
+
+    async def send(self, request: BenchRequest) -> RequestRecord:
+        record = _new_record(request)
+        record.send_time = now()
+        try:
+            async with self.client.stream("POST", "/v1/completions", json=self.payload(request)) as response:
+                record.http_status = response.status_code
+                if response.status_code != 200:
+                    body = (await response.aread()).decode("utf-8", errors="replace")
+                    record.fail(f"HTTP {response.status_code}: {_error_message(body)}")
+                    return record
+                await self._read_events(response, record)
+        except (httpx.HTTPError, ValueError, TypeError, AttributeError, KeyError) as exc:
+            # a transport failure or a response of the wrong shape: this request failed, the run goes on
+            record.fail(f"{type(exc).__name__}: {exc}")
+        return record
+
+    @staticmethod
+    async def _read_events(response: httpx.Response, record: RequestRecord) -> None:
+        """SSE `data:` events up to `[DONE]`; the time of each is taken when its line is read."""
+        async for line in response.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            data = line[len("data:"):].strip()
+            arrived = now()
+            if data == "[DONE]":
+                break
+            try:
+                event = json.loads(data)
+            except json.JSONDecodeError:
+                record.fail(f"malformed event: {data[:200]}")
+                return
+            if "error" in event:
+                record.fail(f"error event: {_error_message(json.dumps(event))}")
+                return
+            if event.get("usage"):
+                record.usage_output_tokens = event["usage"].get("completion_tokens")
+            for choice in event.get("choices") or []:
+                ids = choice.get("token_ids")
+                if ids is not None:
+                    record.arrivals.append((arrived, len(ids)))
+                elif choice.get("text"):
+                    record.arrivals.append((arrived, None))
+                if choice.get("finish_reason"):
+                    record.finish_reason = choice["finish_reason"]
+        record.end_time = now()
+        if record.finish_reason is None:
+            record.error = "the stream ended without a finish_reason"
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+def normalize_base_url(url: str) -> str:
+    """`http://host:8000`, `http://host:8000/` and `http://host:8000/v1` all mean the server root."""
+    url = url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+def served_model_name(base_url: str, timeout_s: float = 30.0) -> str:
+    """The first model GET /v1/models lists (for a --url given without --model)."""
+    url = normalize_base_url(base_url) + "/v1/models"
+    try:
+        response = httpx.get(url, timeout=timeout_s)
+        response.raise_for_status()
+        return response.json()["data"][0]["id"]
+    except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
+        raise ValueError(f"could not read the served model from {url} ({exc}); give --model") from None
+
+
+def _error_message(body: str) -> str:
+    try:
+        error = json.loads(body).get("error")
+        if isinstance(error, dict) and error.get("message"):
+            return str(error["message"])[:300]
+    except (json.JSONDecodeError, AttributeError):
+        pass
+    return body.strip()[:300] or "(empty body)"

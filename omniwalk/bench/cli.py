@@ -1,0 +1,285 @@
+"""`omniwalk bench`: load a server (or an in-process engine) and report what it did.
+
+    omniwalk bench --url http://127.0.0.1:8000 --concurrency 1,32 --input-len 128 --output-len 256 \\
+        --num-requests 200 --warmup 16 --ignore-eos --json out.json
+    omniwalk bench --model ~/ckpt/Qwen3-0.6B --load-format dummy --max-num-seqs 128 \\
+        --concurrency 1,32,128 --ignore-eos --baseline hf --json out.json
+
+`omniwalk/cli.py` registers the subcommand: `add_bench_arguments` adds these flags (the
+engine flags come from there), `run_bench` runs it. Exit status: 0 when every request
+completed as asked, 1 when any failed (a banner says so), 2 for bad flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import shlex
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from omniwalk.bench.backends import InProcessBackend, OpenAICompletionsBackend, served_model_name
+from omniwalk.bench.metrics import DEFINITIONS, summarize
+from omniwalk.bench.report import (
+    failure_banner, format_definitions, format_summary, machine_info, now_iso, write_json,
+)
+from omniwalk.bench.runner import PhaseResult, Progress, run_phase
+from omniwalk.bench.workload import (
+    MEASURED, WARMUP, LengthRange, arrival_gaps, file_requests, normal_vocabulary, read_prompts,
+    synthetic_requests,
+)
+
+DEFAULT_MODEL = "tiny-qwen3"
+DEFAULT_SYNTHETIC_REQUESTS = 100
+
+
+def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    target = parser.add_argument_group("target")
+    target.add_argument("--url", default=None,
+                        help="a running OpenAI-compatible server (any); without it the model runs in-process")
+    target.add_argument("--model", default=None,
+                        help="with --url: the served model name (default: the first of /v1/models); "
+                             f"without: a built-in name or a local HF folder, run in-process (default {DEFAULT_MODEL})")
+    target.add_argument("--tokenizer", default=None,
+                        help="built-in name or HF folder whose vocabulary prompts are drawn from (default: --model)")
+    target.add_argument("--request-timeout", type=float, default=600.0, help="seconds per HTTP request")
+
+    workload = parser.add_argument_group("workload")
+    workload.add_argument("--input-len", default="128", help="prompt tokens: N or LOW:HIGH (uniform)")
+    workload.add_argument("--output-len", default="128", help="max_tokens: N or LOW:HIGH (uniform)")
+    workload.add_argument("--prompts-file", default=None,
+                          help="prompts instead of random tokens: one per line, or JSONL with `prompt`")
+    workload.add_argument("--num-requests", type=int, default=None,
+                          help=f"measured requests per run (default {DEFAULT_SYNTHETIC_REQUESTS}, "
+                               f"or the file's prompts)")
+    workload.add_argument("--warmup", type=int, default=0, help="requests sent first at each run, not measured")
+    workload.add_argument("--seed", type=int, default=0, help="seed of prompts, lengths and arrivals")
+    workload.add_argument("--ignore-eos", action="store_true", help="ask for exactly max_tokens ids per request")
+    workload.add_argument("--concurrency", default=None,
+                          help="requests in flight: one value or a list (1,32,128: one run each). Closed loop; "
+                               "with --request-rate, a cap")
+    workload.add_argument("--request-rate", type=float, default=None,
+                          help="Poisson arrivals at this many requests/s (seeded) instead of a closed loop")
+
+    output = parser.add_argument_group("output")
+    output.add_argument("--json", default=None, metavar="PATH", help="write every figure, the command and the machine")
+    output.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+
+    baseline = parser.add_argument_group("baseline")
+    baseline.add_argument("--baseline", choices=["hf"], default=None,
+                          help="hf: the same prompts through transformers generate, batch = concurrency")
+    baseline.add_argument("--hf-model", default=None, help="HF folder for the baseline (default: --model)")
+    baseline.add_argument("--hf-modes", default="eager,static_compiled", help="eager and/or static_compiled")
+    baseline.add_argument("--hf-compile-backend", default="inductor", help="torch.compile backend of static_compiled")
+    baseline.add_argument("--hf-compile-mode", default=None,
+                          help="torch.compile mode (default: reduce-overhead on CUDA, default on CPU)")
+    baseline.add_argument("--hf-warmup-batches", type=int, default=1, help="untimed batches before each mode")
+    baseline.add_argument("--hf-max-batches", type=int, default=3,
+                          help="timed batches per batch size, at most (0: every request, in ceil(n / c) batches)")
+
+
+# ----------------------------------------------------------------------------- settings
+
+
+def parse_concurrency(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"--concurrency takes integers separated by commas, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise ValueError(f"--concurrency values must be >= 1, got {text!r}")
+    return values
+
+
+def resolve_tokenizer(name: str):
+    from omniwalk.loading import load_tokenizer
+    from omniwalk.models.registry import BUILTIN_MODELS, TINY_TOKENIZER
+
+    if name in BUILTIN_MODELS:
+        return load_tokenizer(TINY_TOKENIZER)
+    if Path(name).is_dir():
+        return load_tokenizer(Path(name))
+    raise ValueError(f"no tokenizer for {name!r}: give --tokenizer with a built-in name or a local HF folder")
+
+
+def build_workload(args: argparse.Namespace, tokenizer) -> tuple[list, list]:
+    """(warmup requests, measured requests): the same at every concurrency of this invocation."""
+    output_len = LengthRange.parse(args.output_len)
+    if args.prompts_file:
+        prompts = read_prompts(args.prompts_file)
+        num = args.num_requests or len(prompts)
+
+        def make(n: int, stream: int):
+            return file_requests(prompts, tokenizer, n, output_len, args.seed, stream)
+    else:
+        input_len, vocabulary = LengthRange.parse(args.input_len), normal_vocabulary(tokenizer)
+        num = args.num_requests or DEFAULT_SYNTHETIC_REQUESTS
+
+        def make(n: int, stream: int):
+            return synthetic_requests(n, input_len, output_len, vocabulary, args.seed, stream)
+    if num < 1 or args.warmup < 0:
+        raise ValueError("--num-requests must be >= 1 and --warmup >= 0")
+    return make(args.warmup, WARMUP), make(num, MEASURED)
+
+
+def _engine_args(args: argparse.Namespace):
+    from omniwalk.loading import EngineArgs
+
+    fields = {name: getattr(args, name) for name in EngineArgs.__dataclass_fields__
+              if hasattr(args, name) and name not in ("model", "seed")}   # --seed is the workload's
+    return EngineArgs(model=args.model, **fields)
+
+
+def _arrival_label(concurrency: int | None, rate: float | None) -> str:
+    if rate is None:
+        return f"c={concurrency}, closed loop"
+    cap = f"at most {concurrency} in flight" if concurrency else "no cap on requests in flight"
+    return f"Poisson {rate:g} req/s, {cap}"
+
+
+# ----------------------------------------------------------------------------- running
+
+
+@contextlib.contextmanager
+def backend_factory(args: argparse.Namespace):
+    """Yields (description, engine or None, a function making a fresh backend inside an event loop)."""
+    if args.url:
+        def make():
+            return OpenAICompletionsBackend(args.url, args.model, args.ignore_eos, args.request_timeout)
+        yield f"{args.url} /v1/completions, model {args.model!r}", None, make
+        return
+    from omniwalk.api import Engine
+
+    engine = Engine(_engine_args(args))
+    try:
+        loaded = engine.loaded
+        yield (f"in-process {loaded.name} ({loaded.dtype}, {loaded.device}, max_num_seqs "
+               f"{engine.args.max_num_seqs})", engine, lambda: InProcessBackend(engine, args.ignore_eos))
+    finally:
+        engine.shutdown()
+
+
+async def _phases(make_backend, warmup, measured, gaps, concurrency, label, show_progress):
+    backend = make_backend()
+    try:
+        warm = None
+        if warmup:
+            warm = await run_phase(backend, warmup, [0.0] * len(warmup), concurrency or len(warmup),
+                                   Progress(f"{label} warmup", len(warmup), show_progress))
+        result = await run_phase(backend, measured, gaps, concurrency,
+                                 Progress(label, len(measured), show_progress))
+    finally:
+        await backend.aclose()
+    return warm, result
+
+
+def _gpu_peak(engine, reset: bool) -> int | None:
+    import torch
+
+    if engine is None or engine.loaded.device.type != "cuda":
+        return None
+    if reset:
+        torch.cuda.reset_peak_memory_stats(engine.loaded.device)
+        return None
+    return int(torch.cuda.max_memory_allocated(engine.loaded.device))
+
+
+def _one_run(args, engine, make_backend, warmup, measured, concurrency, hf) -> dict:
+    label = _arrival_label(concurrency, args.request_rate)
+    gaps = arrival_gaps(len(measured), args.request_rate, args.seed)
+    _gpu_peak(engine, reset=True)
+    warm, result = asyncio.run(_phases(make_backend, warmup, measured, gaps, concurrency, label,
+                                       not args.no_progress))
+    summary = summarize(result.records, result.start, result.end, args.ignore_eos)
+    gpu_peak = _gpu_peak(engine, reset=False)
+    print(format_summary(f"omniwalk bench: {label}", summary, hf, gpu_peak), flush=True)
+    warm_summary = _warmup_summary(warm, args.ignore_eos)
+    if warm_summary and warm_summary["num_failed"]:
+        print(f"  WARMUP: {warm_summary['num_failed']} of {warm_summary['num_requests']} requests failed",
+              flush=True)
+    return {"concurrency": concurrency, "request_rate": args.request_rate, "arrivals": label,
+            "summary": summary.to_dict(), "warmup": warm_summary, "gpu_peak_allocated_bytes": gpu_peak,
+            "hf_baseline": hf}
+
+
+def _warmup_summary(warm: PhaseResult | None, ignore_eos: bool) -> dict | None:
+    if warm is None:
+        return None
+    summary = summarize(warm.records, warm.start, warm.end, ignore_eos)
+    return {"num_requests": summary.num_requests, "num_failed": summary.num_failed, "failures": summary.failures}
+
+
+def _hf_baselines(args, measured, batch_sizes) -> dict[int, dict]:
+    from omniwalk.bench.hf_baseline import HFBaselineConfig, run_hf_baseline
+
+    config = HFBaselineConfig(
+        model=args.hf_model or args.model, load_format=getattr(args, "load_format", "auto"),
+        dtype=getattr(args, "dtype", "auto"), device=getattr(args, "device", "auto"),
+        compile_backend=args.hf_compile_backend, compile_mode=args.hf_compile_mode,
+        warmup_batches=args.hf_warmup_batches, max_batches=args.hf_max_batches or None,
+        modes=tuple(m for m in args.hf_modes.split(",") if m),
+    )
+    return run_hf_baseline(config, measured, batch_sizes)
+
+
+def run_bench(args: argparse.Namespace, argv: list[str] | None = None) -> int:
+    concurrencies = parse_concurrency(args.concurrency)
+    if concurrencies is None:
+        concurrencies = [None] if args.request_rate is not None else [1]
+    if args.baseline == "hf" and None in concurrencies:
+        raise ValueError("--baseline hf needs --concurrency: it is the baseline's batch size")
+    if args.url and args.model is None:
+        args.model = served_model_name(args.url)
+    args.model = args.model or DEFAULT_MODEL
+    tokenizer = resolve_tokenizer(args.tokenizer or args.model)
+    warmup, measured = build_workload(args, tokenizer)
+
+    # the baseline runs first and frees its model: an in-process engine sizes its KV cache from free memory
+    hf = _hf_baselines(args, measured, concurrencies) if args.baseline == "hf" else {}
+    runs = []
+    with backend_factory(args) as (target, engine, make_backend):
+        print(f"target: {target}", flush=True)
+        if engine is not None and max(c or 0 for c in concurrencies) > engine.args.max_num_seqs:
+            print(f"note: concurrency above --max-num-seqs {engine.args.max_num_seqs}: the excess queues",
+                  file=sys.stderr)
+        for concurrency in concurrencies:
+            runs.append(_one_run(args, engine, make_backend, warmup, measured, concurrency, hf.get(concurrency)))
+        engine_args = asdict(engine.args) if engine is not None else None
+
+    print(format_definitions())
+    failed = sum(r["summary"]["num_failed"] + ((r["warmup"] or {}).get("num_failed") or 0) for r in runs)
+    sent = sum(r["summary"]["num_requests"] + ((r["warmup"] or {}).get("num_requests") or 0) for r in runs)
+    if args.json:
+        argv = list(sys.argv[1:] if argv is None else argv)
+        write_json(args.json, {
+            "command": "omniwalk " + shlex.join(argv), "argv": argv, "date": now_iso(),
+            "machine": machine_info(), "config": _config(args, target, engine_args, concurrencies),
+            "definitions": DEFINITIONS, "failed": failed > 0, "num_failed": failed, "runs": runs,
+        })
+    if failed:
+        banner = failure_banner(failed, sent, ", ".join(
+            f"{r['arrivals']}: {r['summary']['num_errors']} errors, {r['summary']['num_budget_violations']} "
+            f"budget violations" for r in runs))
+        print(banner, flush=True)
+        print(banner, file=sys.stderr)
+        return 1
+    return 0
+
+
+def _config(args, target: str, engine_args: dict | None, concurrencies) -> dict:
+    return {
+        "target": target, "url": args.url, "model": args.model, "tokenizer": args.tokenizer or args.model,
+        "engine_args": engine_args, "input_len": None if args.prompts_file else args.input_len,
+        "output_len": args.output_len, "prompts_file": args.prompts_file, "num_requests": args.num_requests,
+        "warmup": args.warmup, "seed": args.seed, "ignore_eos": args.ignore_eos, "concurrency": concurrencies,
+        "request_rate": args.request_rate, "baseline": args.baseline,
+        "hf": None if args.baseline != "hf" else {
+            "model": args.hf_model or args.model, "modes": args.hf_modes,
+            "compile_backend": args.hf_compile_backend, "compile_mode": args.hf_compile_mode,
+            "warmup_batches": args.hf_warmup_batches, "max_batches": args.hf_max_batches,
+        },
+    }

@@ -1,0 +1,125 @@
+"""The `omniwalk` command.
+
+    omniwalk serve [MODEL] [--host H --port P ...]      the HTTP server (default model: tiny-qwen3)
+    omniwalk generate MODEL "prompt" --max-tokens N      one generation in-process, printed
+    omniwalk bench [--url URL] [--model M] ...           load generator and metrics (omniwalk/bench/cli.py)
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from omniwalk.loading import EngineArgs
+
+_DEFAULTS = EngineArgs()
+
+
+def _add_engine_flags(parser: argparse.ArgumentParser, seed: bool = True) -> None:
+    group = parser.add_argument_group("engine")
+    group.add_argument("--dtype", default=_DEFAULTS.dtype, choices=["auto", "float32", "float16", "bfloat16"])
+    group.add_argument("--device", default=_DEFAULTS.device, help="auto, cpu, cuda, cuda:1, ...")
+    group.add_argument("--load-format", default=_DEFAULTS.load_format, choices=["auto", "dummy"],
+                       help="dummy: random weights at the checkpoint's shape (no weight files read)")
+    if seed:
+        group.add_argument("--seed", type=int, default=_DEFAULTS.seed,
+                           help="seed of random weights and of requests that bring none")
+    group.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    group.add_argument("--max-num-seqs", type=int, default=_DEFAULTS.max_num_seqs, help="requests running at once")
+    group.add_argument("--max-queue", type=int, default=_DEFAULTS.max_queue,
+                       help="requests waiting beyond --max-num-seqs before answering 429")
+    group.add_argument("--max-num-batched-tokens", type=int, default=_DEFAULTS.max_num_batched_tokens)
+    group.add_argument("--kv-cache-tokens", type=int, default=None,
+                       help="KV cache size in tokens (default: 65536 on CPU, from free memory on GPU)")
+    group.add_argument("--page-size", type=int, default=_DEFAULTS.page_size, help="tokens per KV cache page")
+    group.add_argument("--gpu-memory-utilization", type=float, default=_DEFAULTS.gpu_memory_utilization)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="omniwalk", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="serve a model over HTTP (OpenAI-compatible and native routes)")
+    serve.add_argument("model", nargs="?", default="tiny-qwen3",
+                       help="a built-in name (tiny-qwen3, tiny-llama) or a local Hugging Face checkpoint folder")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--served-model-name", default=None, help="the name /v1 requests use (default: MODEL)")
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    _add_engine_flags(serve)
+
+    generate = commands.add_parser("generate", help="generate once, in-process, and print the text")
+    generate.add_argument("model")
+    generate.add_argument("prompt")
+    generate.add_argument("--max-tokens", type=int, default=16)
+    generate.add_argument("--temperature", type=float, default=0.0)
+    generate.add_argument("--seed", dest="request_seed", type=int, default=None,
+                          help="sampling seed (random weights always use the engine's default seed)")
+    generate.add_argument("--ignore-eos", action="store_true")
+    generate.add_argument("--stream", action="store_true", help="print text as it is generated")
+    _add_engine_flags(generate, seed=False)
+
+    from omniwalk.bench.cli import add_bench_arguments
+
+    bench = commands.add_parser("bench", help="measure a server (--url) or an in-process engine under load")
+    add_bench_arguments(bench)
+    _add_engine_flags(bench, seed=False)   # in-process only; --seed is the workload's
+    return parser
+
+
+def _engine_args(args: argparse.Namespace) -> EngineArgs:
+    """The EngineArgs fields the flags name (`--max-num-seqs` -> max_num_seqs, ...)."""
+    return EngineArgs(**{name: getattr(args, name) for name in EngineArgs.__dataclass_fields__ if hasattr(args, name)})
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from omniwalk.api import Engine, GenerationRequest
+    from omniwalk.engine.sampler import SamplingParams
+    from omniwalk.server.app import random_weights_banner
+
+    with Engine(_engine_args(args)) as engine:
+        if engine.loaded.random_weights:
+            print(random_weights_banner(args.model).strip("\n"), file=sys.stderr)
+        request = GenerationRequest(
+            prompt=args.prompt, max_tokens=args.max_tokens, ignore_eos=args.ignore_eos,
+            sampling=SamplingParams(temperature=args.temperature, seed=args.request_seed),
+        )
+        stream = engine.submit(request)
+        if args.stream:
+            for last in stream:
+                print(last.text, end="", flush=True)
+            print()
+        else:
+            last = stream.result()
+            print(last.text)
+        usage = last.usage
+        print(f"[finish_reason={last.finish_reason} prompt_tokens={usage.prompt_tokens} "
+              f"output_tokens={usage.output_tokens}]")
+        if last.error:
+            print(f"error: {last.error}", file=sys.stderr)
+            return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        if args.command == "serve":
+            from omniwalk.server.app import serve
+            serve(args)
+            return 0
+        if args.command == "bench":
+            from omniwalk.bench.cli import run_bench
+            return run_bench(args, sys.argv[1:] if argv is None else argv)
+        logging.getLogger().setLevel(logging.WARNING)   # keep `generate`'s stdout to the result
+        return _generate(args)
+    except ValueError as exc:   # bad flags or a bad request: a message, not a traceback
+        print(f"omniwalk: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

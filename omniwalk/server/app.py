@@ -1,0 +1,153 @@
+"""The HTTP server: a thin FastAPI layer over one in-process `Engine`.
+
+    build_app(engine) -> FastAPI      routes, error handling, metrics of one engine
+    serve(args)                       `omniwalk serve`: load the model, run uvicorn
+
+Routes:
+
+    POST /generate               native generation, JSON or NDJSON stream    (native.py)
+    GET  /v1/models              the served model                             (openai_api.py)
+    POST /v1/completions         OpenAI completions, JSON or SSE             (openai_api.py)
+    POST /v1/chat/completions    OpenAI chat completions, JSON or SSE        (openai_api.py)
+    GET  /health                 200 while the engine loop lives and moves, else 503
+    GET  /metrics                Prometheus text                              (metrics.py)
+
+Threads: the engine's loop thread owns the model; handlers run on the asyncio loop and
+talk to the engine only through `engine.submit(..., loop=...)` and the request streams.
+
+Errors are answered in the OpenAI envelope {"error": {"message", "type", "param", "code"}}
+with the HTTP status in `code`: 400 bad values (the engine's ValueError message), 404
+unknown model or route, 429 full server, 500 a request that failed in the engine, 503 a dead
+engine. Malformed bodies (invalid JSON, wrong types, unknown fields) are a 400 on the /v1
+routes, as vLLM answers, and a 422 elsewhere (with FastAPI's `detail` list as well).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from omniwalk.api import Engine
+from omniwalk.server.generation import ServerContext
+from omniwalk.server.metrics import ServerMetrics
+from omniwalk.server.native import native_router
+from omniwalk.server.openai_api import openai_router
+from omniwalk.server.protocol import ApiError, error_body, printable
+
+logger = logging.getLogger(__name__)
+
+HEALTH_STALL_SECONDS = 30.0
+
+
+def build_app(engine: Engine, served_model_name: str | None = None,
+              stall_seconds: float = HEALTH_STALL_SECONDS) -> FastAPI:
+    """An app serving `engine`. It does not own the engine: shut that down yourself."""
+    ctx = ServerContext(engine, ServerMetrics(engine), served_model_name or engine.loaded.name)
+    app = FastAPI(title="omniwalk", version="0.1.0")
+    app.state.ctx = ctx
+    app.include_router(native_router(ctx))
+    app.include_router(openai_router(ctx))
+    _add_operations(app, ctx, stall_seconds)
+    _add_error_handlers(app, ctx)
+    return app
+
+
+def _add_operations(app: FastAPI, ctx: ServerContext, stall_seconds: float) -> None:
+    engine = ctx.engine
+
+    @app.get("/health")
+    async def health():
+        """503 when the loop thread is dead, or busy with requests but silent for `stall_seconds`."""
+        if not engine.is_alive:
+            return JSONResponse({"status": "dead", "error": repr(engine.loop_error)}, status_code=503)
+        silent_for = time.monotonic() - engine.last_heartbeat
+        if silent_for > stall_seconds and engine.num_in_flight > 0:
+            return JSONResponse({"status": "stuck", "seconds_since_heartbeat": round(silent_for, 3)},
+                                status_code=503)
+        return {"status": "ok", "seconds_since_heartbeat": round(silent_for, 3),
+                "requests_in_flight": engine.num_in_flight}
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(ctx.metrics.render(), media_type=ctx.metrics.content_type)
+
+
+def _add_error_handlers(app: FastAPI, ctx: ServerContext) -> None:
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError):
+        if exc.status == 429:
+            ctx.metrics.count("rejected")
+        elif exc.status < 500:
+            ctx.metrics.count("invalid")
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError):
+        ctx.metrics.count("invalid")
+        errors = [_describe(e) for e in exc.errors()]
+        message = "; ".join(f"{e['param'] or 'body'}: {e['msg']}" for e in errors) or "invalid request"
+        param = errors[0]["param"] if errors else None
+        if request.url.path.startswith("/v1/"):
+            return JSONResponse(error_body(400, message, param), status_code=400)
+        body = error_body(422, message, param)
+        body["detail"] = [{k: printable(v) if isinstance(v, str) else v for k, v in e.items()} for e in errors]
+        return JSONResponse(body, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        return JSONResponse(error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception):
+        logger.exception("unhandled error on %s", request.url.path)
+        return JSONResponse(error_body(500, f"internal error: {type(exc).__name__}: {exc}"), status_code=500)
+
+
+def _describe(error: dict) -> dict:
+    """A JSON-safe summary of one pydantic error; `param` is the field path (body prefix dropped)."""
+    loc = [str(part) for part in error.get("loc", ()) if part != "body"]
+    msg = str(error.get("msg", "invalid"))
+    if error.get("type") == "json_invalid":   # loc is ("body", character offset)
+        msg = f"invalid JSON: {error.get('ctx', {}).get('error', msg)}"
+        loc = []
+    return {"param": ".".join(loc) or None, "msg": msg, "type": str(error.get("type", ""))}
+
+
+# ----------------------------------------------------------------------------- serve
+
+
+def serve(args) -> None:
+    """`omniwalk serve`: `args` is the argparse namespace of the CLI."""
+    import uvicorn
+
+    from omniwalk.loading import EngineArgs
+
+    engine_args = EngineArgs(**{name: getattr(args, name) for name in EngineArgs.__dataclass_fields__
+                                if hasattr(args, name)})
+    engine = Engine(engine_args)
+    loaded = engine.loaded
+    name = getattr(args, "served_model_name", None) or loaded.name
+    logger.info("serving %r as %r: %s on %s, context %d tokens, KV cache %d tokens (%d pages of %d)",
+                loaded.name, name, loaded.dtype, loaded.device, loaded.max_model_len, loaded.kv_capacity_tokens,
+                loaded.served.cache.shape.num_pages, loaded.served.cache.shape.page_size)
+    if loaded.random_weights:
+        logger.warning(random_weights_banner(loaded.name))
+    app = build_app(engine, served_model_name=name)
+    try:
+        uvicorn.run(app, host=getattr(args, "host", "127.0.0.1"), port=getattr(args, "port", 8000),
+                    log_level=getattr(args, "log_level", "info"))
+    finally:
+        engine.shutdown()
+
+
+def random_weights_banner(model: str) -> str:
+    line = "*" * 78
+    return (f"\n{line}\n*  {model} has RANDOM weights: its output is noise. Serve a checkpoint folder\n"
+            f"*  for real text; --load-format dummy and the built-in tiny-* models are for tests\n"
+            f"*  and benchmarks.\n{line}")
