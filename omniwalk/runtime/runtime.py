@@ -144,6 +144,7 @@ class Runtime:
                 edge = self.graph.edges_by_consumer.get(name)
                 stream = StreamState(
                     handle=next(self._handles), name=name, spec=spec, params=params, owner=state,
+                    request_id=request.request_id,
                     caps=caps, buffer=StreamBuffer(edge.policy) if edge else None,
                 )
                 state.streams[name] = stream
@@ -155,7 +156,7 @@ class Runtime:
     def _advance_dirty(self) -> None:
         while self.dirty:
             _, stream = self.dirty.popitem()
-            if stream.owner.request_id in self.running and not stream.is_finished:
+            if not stream.is_finished:   # streams of ended requests are marked finished too
                 try:
                     self._advance(stream)
                 except Exception as exc:  # a model plan or a node's prepare failed
@@ -172,14 +173,17 @@ class Runtime:
                         self._finish_stream(stream)
                     return
                 continue
-            if stream.pc == len(walk.program):
+            program = walk.program
+            while stream.pc < len(program):   # the hot loop: a few instructions per decode step
+                instruction = program[stream.pc]
+                if type(instruction) is RunNode:
+                    self._arrive_at_node(stream, instruction.node.name, instruction.node.inputs)
+                    return
+                self._run_instruction(stream, instruction)
+                if stream.walk is not walk:
+                    break
+            else:
                 stream.last_walk, stream.walk = walk.name, None
-                continue
-            instruction = walk.program[stream.pc]
-            if isinstance(instruction, RunNode):
-                self._arrive_at_node(stream, instruction.node.name, instruction.node.inputs)
-                return
-            self._run_instruction(stream, instruction)
 
     def _run_instruction(self, stream: StreamState, instruction) -> None:
         budget = stream.spec.budget
@@ -189,9 +193,9 @@ class Runtime:
             if item is None and not is_budgeted:   # nothing to send (e.g. logprobs nobody asked for)
                 stream.pc += 1
                 return
-            self._output_for(stream.owner.request_id).add(stream.name, instruction.modality, item)
+            self._output_for(stream.request_id).add(stream.name, instruction.modality, item)
             if is_budgeted:
-                reason = stream.params.stop.check(item, stream.count, stream.limit)
+                reason = stream.params.stop.check(item, stream.count, stream.params.max_items)
                 stream.count += 1
                 if reason is not None and stream.finish_reason is None:
                     stream.finish_reason = reason

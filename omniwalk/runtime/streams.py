@@ -33,6 +33,7 @@ class StreamState:
     spec: StreamSpec
     params: StreamParams
     owner: RequestState
+    request_id: str
     caps: dict[str, int]              # loop name -> iteration cap
     buffer: StreamBuffer | None = None  # consumer streams: the buffered input
     # position in the current walk
