@@ -1,0 +1,101 @@
+"""A real server on a loopback port: uvicorn in a background thread over an in-process Engine."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from typing import Iterator
+
+import httpx
+import pytest
+import uvicorn
+
+from omniwalk.api import Engine
+from omniwalk.loading import EngineArgs
+from omniwalk.server import build_app
+
+
+class RunningServer:
+    def __init__(self, engine: Engine, **app_options):
+        self.engine = engine
+        self.app = build_app(engine, **app_options)
+        self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.socket.bind(("127.0.0.1", 0))
+        self.port = self.socket.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(self.app, log_level="warning", timeout_keep_alive=30)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]}, daemon=True)
+
+    def __enter__(self) -> "RunningServer":
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("the server did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+        self.socket.close()
+
+    @property
+    def initial_free_pages(self) -> int:
+        return self.engine.model.cache.allocator.num_pages
+
+    def wait_idle(self, timeout: float = 10.0) -> None:
+        """Until no request is in flight and every KV page is back."""
+        allocator = self.engine.model.cache.allocator
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.engine.num_in_flight == 0 and allocator.num_free == allocator.num_pages:
+                return
+            time.sleep(0.02)
+        raise AssertionError(f"not idle after {timeout}s: {self.engine.num_in_flight} in flight, "
+                             f"{allocator.num_free}/{allocator.num_pages} pages free")
+
+    def metric(self, name: str, labels: dict | None = None) -> float:
+        """One sample of /metrics, read over HTTP."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = httpx.get(self.url + "/metrics").text
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name and (labels is None or all(sample.labels.get(k) == v
+                                                                  for k, v in labels.items())):
+                    return sample.value
+        raise KeyError(name)
+
+
+@contextlib.contextmanager
+def launch(args: EngineArgs, **app_options) -> Iterator[RunningServer]:
+    """An engine and a server on it, both stopped on exit."""
+    engine = Engine(args)
+    try:
+        with RunningServer(engine, **app_options) as running:
+            yield running
+    finally:
+        engine.shutdown()
+
+
+@pytest.fixture(scope="session")
+def launch_server():
+    """`with launch_server(EngineArgs(...)) as running:` for tests that need their own engine."""
+    return launch
+
+
+@pytest.fixture(scope="module")
+def server():
+    with launch(EngineArgs("tiny-qwen3")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        yield client

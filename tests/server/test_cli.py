@@ -1,0 +1,75 @@
+"""`omniwalk generate` in-process and `omniwalk serve` as a real process."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+
+from omniwalk.cli import _engine_args, build_parser, main
+
+
+def test_generate_prints_text_and_finish_reason(capsys):
+    assert main(["generate", "tiny-qwen3", "Hello", "--max-tokens", "4", "--ignore-eos"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == "[finish_reason=length prompt_tokens=3 output_tokens=4]"
+
+
+def test_generate_stream_matches(capsys):
+    assert main(["generate", "tiny-qwen3", "Hello", "--max-tokens", "5", "--ignore-eos", "--temperature", "1",
+                 "--seed", "4"]) == 0
+    full = capsys.readouterr().out
+    assert main(["generate", "tiny-qwen3", "Hello", "--max-tokens", "5", "--ignore-eos", "--temperature", "1",
+                 "--seed", "4", "--stream"]) == 0
+    assert capsys.readouterr().out == full
+
+
+def test_generate_bad_value_is_a_message(capsys):
+    assert main(["generate", "tiny-qwen3", "Hello", "--max-tokens", "0"]) == 2
+    assert "max_tokens" in capsys.readouterr().err
+
+
+def test_serve_flags_become_engine_args():
+    args = build_parser().parse_args([
+        "serve", "--port", "0", "--dtype", "float32", "--device", "cpu", "--max-num-seqs", "4", "--max-queue", "8",
+        "--max-num-batched-tokens", "512", "--kv-cache-tokens", "4096", "--page-size", "32", "--seed", "3",
+        "--max-model-len", "256", "--load-format", "dummy", "--gpu-memory-utilization", "0.5",
+    ])
+    assert args.model == "tiny-qwen3"
+    engine_args = _engine_args(args)
+    assert (engine_args.max_num_seqs, engine_args.max_queue, engine_args.max_num_batched_tokens) == (4, 8, 512)
+    assert (engine_args.kv_cache_tokens, engine_args.page_size, engine_args.seed) == (4096, 32, 3)
+    assert (engine_args.max_model_len, engine_args.load_format, engine_args.dtype) == (256, "dummy", "float32")
+    assert engine_args.gpu_memory_utilization == 0.5 and engine_args.device == "cpu"
+
+
+def test_serve_process():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [sys.executable, "-m", "omniwalk.cli", "serve", "--port", str(port), "--kv-cache-tokens", "2048",
+               "--max-num-seqs", "8", "--log-level", "warning"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert process.poll() is None, process.stdout.read()
+            assert time.monotonic() < deadline, "the server did not come up"
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        answer = httpx.post(f"http://127.0.0.1:{port}/v1/completions",
+                            json={"prompt": "Hi", "max_tokens": 3, "ignore_eos": True}).json()
+        assert answer["usage"]["completion_tokens"] == 3
+    finally:
+        process.terminate()
+        output, _ = process.communicate(timeout=30)
+    assert "KV cache 2048 tokens" in output
+    assert "RANDOM weights" in output
