@@ -71,7 +71,9 @@ class HybridLMExecutor(CausalLMExecutor):
     @torch.inference_mode()
     def run(self, calls: list[NodeCall]) -> list[dict | None]:
         self._states = None
-        results = super().run(calls)     # raises before anything is committed
+        # The base step forwards (`_forward_eager` below), samples, then commits its own
+        # bookkeeping; if it raises, the new states are simply dropped.
+        results = super().run(calls)
         self._states.commit()
         self._states = None
         return results
