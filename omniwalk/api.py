@@ -13,12 +13,14 @@ threads or from asyncio:
 from __future__ import annotations
 
 import asyncio
+import atexit
 import itertools
 import logging
 import queue
 import random
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator, Iterator, Protocol
 
@@ -58,6 +60,8 @@ class GenerationRequest:
             raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens ({self.min_tokens}) exceeds max_tokens ({self.max_tokens})")
+        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+            raise ValueError("stop_token_ids must be non-negative token ids")
 
 
 @dataclass
@@ -227,6 +231,9 @@ class Engine:
         self._output_thread.start()
         self._thread = threading.Thread(target=self._loop, name="omniwalk-engine-loop", daemon=True)
         self._thread.start()
+        # stop the loop before the interpreter tears down (a daemon thread killed mid-step
+        # can abort the process); a weak reference keeps atexit from holding the engine
+        atexit.register(_shutdown_if_alive, weakref.ref(self))
 
     # ------------------------------------------------------------ submitting
 
@@ -242,7 +249,12 @@ class Engine:
             if bad:
                 raise ValueError(f"prompt_token_ids has id(s) outside the vocabulary [0, {vocab}): {bad[:5]}")
         else:
-            ids = self.tokenizer.encode(request.prompt, add_special_tokens=True)
+            try:
+                ids = self.tokenizer.encode(request.prompt, add_special_tokens=True)
+            except ValueError:
+                raise
+            except Exception as exc:   # e.g. lone surrogates: bad input, not a server fault
+                raise ValueError(f"the prompt cannot be tokenized: {exc}") from exc
         if not ids:
             raise ValueError("the prompt is empty")
         return ids
@@ -252,6 +264,8 @@ class Engine:
         """Validate and enqueue. Raises ValueError (bad input) or QueueFullError (server full)."""
         if self.loop_error is not None:
             raise RuntimeError(f"the engine loop died: {self.loop_error!r}")
+        if self._stopping:
+            raise RuntimeError("the engine is shut down")
         prompt_ids = self.tokenize(request)
         room = self.max_model_len - len(prompt_ids)
         if room < 1:
@@ -260,6 +274,9 @@ class Engine:
         if max_tokens > room:
             raise ValueError(f"max_tokens ({max_tokens}) + prompt ({len(prompt_ids)} tokens) exceeds the "
                              f"context length {self.max_model_len}")
+        if request.min_tokens > max_tokens:
+            raise ValueError(f"min_tokens ({request.min_tokens}) exceeds the {max_tokens} tokens this "
+                             f"request can produce")
         capacity = self.loaded.kv_capacity_tokens
         if len(prompt_ids) + max_tokens > capacity:
             raise ValueError(f"prompt + max_tokens ({len(prompt_ids) + max_tokens}) exceeds the KV cache "
@@ -419,6 +436,12 @@ class Engine:
             self.abort(request_id)
             entry[1]._put(GenerationChunk(request_id, [], "", [], finished=True,
                                           finish_reason=FinishReason.ERROR, error=f"{type(exc).__name__}: {exc}"))
+
+
+def _shutdown_if_alive(engine_ref) -> None:
+    engine = engine_ref()
+    if engine is not None and not engine._stopping:
+        engine.shutdown()
 
 
 class _AsyncBatch:

@@ -157,7 +157,20 @@ def test_bad_inputs_are_value_errors(engine):
         engine.generate(["hi"], max_tokens=0)
     with pytest.raises(ValueError, match="exceeds the context"):
         engine.generate(["hi"], max_tokens=engine.max_model_len)
+    with pytest.raises(ValueError, match="cannot be tokenized"):
+        engine.generate(["lone surrogate \ud800"])
+    with pytest.raises(ValueError, match="min_tokens"):
+        engine.generate(["hi"], max_tokens=None, min_tokens=engine.max_model_len)
+    with pytest.raises(ValueError, match="stop_token_ids"):
+        engine.generate(["hi"], stop_token_ids=[-1])
     assert engine.generate(["hi"], max_tokens=2)[0].finish_reason in ("length", "stop")
+
+
+def test_submit_after_shutdown_is_refused():
+    engine = Engine(EngineArgs("tiny-qwen3"))
+    engine.shutdown()
+    with pytest.raises(RuntimeError, match="shut down"):
+        engine.generate(["hi"])
 
 
 # ---------------------------------------------------------------- HF parity
