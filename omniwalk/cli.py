@@ -34,6 +34,9 @@ def _add_engine_flags(parser: argparse.ArgumentParser, seed: bool = True) -> Non
                        help="KV cache size in tokens (default: 65536 on CPU, from free memory on GPU)")
     group.add_argument("--page-size", type=int, default=_DEFAULTS.page_size, help="tokens per KV cache page")
     group.add_argument("--gpu-memory-utilization", type=float, default=_DEFAULTS.gpu_memory_utilization)
+    group.add_argument("--enforce-eager", action="store_true", help="CUDA: decode without CUDA graphs")
+    group.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
+                       help="compute every prompt in full (prefix caching is on by default)")
 
 
 def build_parser() -> argparse.ArgumentParser:
