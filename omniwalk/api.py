@@ -150,7 +150,9 @@ class RequestStream:
 class OutputProcessor(Protocol):
     """Turns a request's runtime outputs into what its client receives, on the loop thread.
 
-    Model families that serve other modalities (audio, images) bring their own."""
+    Model families that serve other modalities (audio, images) bring their own, and may
+    define `error_chunk(message)`: the final chunk, in their own type, for a request whose
+    output processing raised (without it the stream ends with an error GenerationChunk)."""
 
     #: set when the processor ended the request itself (a stop string): the engine aborts it
     ends_request: bool
@@ -434,8 +436,12 @@ class Engine:
             entry = self._in_flight.pop(request_id, None)
         if entry is not None:
             self.abort(request_id)
-            entry[1]._put(GenerationChunk(request_id, [], "", [], finished=True,
-                                          finish_reason=FinishReason.ERROR, error=f"{type(exc).__name__}: {exc}"))
+            processor, stream = entry
+            message = f"{type(exc).__name__}: {exc}"
+            # the final chunk in the processor's own type (a speech stream gets a SpeechChunk)
+            error_chunk = getattr(processor, "error_chunk", None)
+            stream._put(error_chunk(message) if error_chunk is not None else GenerationChunk(
+                request_id, [], "", [], finished=True, finish_reason=FinishReason.ERROR, error=message))
 
 
 def _shutdown_if_alive(engine_ref) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 from omniwalk.layers.config import DecoderConfig
-from omniwalk.models import llama, orpheus, qwen3, qwen3_5
+from omniwalk.models import llama, orpheus, qwen3, qwen3_5, whisper
 
 TINY_TOKENIZER = Path(__file__).parent / "assets" / "tiny-tokenizer"
 
@@ -39,6 +39,8 @@ FAMILIES: dict[str, TextFamily] = {
                           loader="omniwalk.models.qwen3_5.loading:load_qwen3_5"),
     "orpheus": TextFamily("orpheus", (), llama.config_from_hf, orpheus.tiny_backbone_config,
                           loader="omniwalk.models.orpheus.loading:load_orpheus", detect=orpheus.is_orpheus_config),
+    "whisper": TextFamily("whisper", ("whisper",), whisper.config_from_hf, whisper.tiny_config,
+                          loader="omniwalk.models.whisper.loading:load_whisper"),
 }
 
 BUILTIN_MODELS: dict[str, str] = {f"tiny-{name}": name for name in FAMILIES}

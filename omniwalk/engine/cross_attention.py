@@ -1,0 +1,109 @@
+"""Cross-attention keys/values of an encoder-decoder node: one fixed-size slot per stream.
+
+An encoder-decoder (Whisper) attends from every decoder token to the same encoder
+output. Its keys/values are computed once per stream (at prefill, from the encoder
+states) and read by every decode step, so they live in a pool of equal slots:
+
+    keys:    [num_layers, num_slots, source_len, num_heads, head_dim]   (values alike)
+    slot s of layer l:  keys[l, s]  -> [source_len (1500), heads, head_dim]
+
+    stream handle 7 -> slot 2      stream handle 12 -> slot 0     (free: 1, 3, ...)
+
+Check/act: `can_allocate()` then `allocate(handle)`; `free(handle)` at the stream's end.
+`CrossAttention` is the per-batch view model code calls, like `PagedAttention`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class CrossAttentionShape:
+    num_layers: int
+    num_slots: int
+    source_len: int       # encoder positions every slot holds (Whisper: 1500)
+    num_heads: int
+    head_dim: int
+
+    def bytes_per_slot(self, dtype: torch.dtype) -> int:
+        element = torch.tensor([], dtype=dtype).element_size()
+        return 2 * self.num_layers * self.source_len * self.num_heads * self.head_dim * element
+
+
+class CrossAttentionCache:
+    """The slot pool. Streams are identified by integer handles chosen by the caller."""
+
+    def __init__(self, shape: CrossAttentionShape, dtype: torch.dtype, device: torch.device | str):
+        if shape.num_slots <= 0:
+            raise ValueError(f"num_slots must be positive, got {shape.num_slots}")
+        self.shape = shape
+        pool = (shape.num_layers, shape.num_slots, shape.source_len, shape.num_heads, shape.head_dim)
+        self.keys = torch.zeros(pool, dtype=dtype, device=device)
+        self.values = torch.zeros(pool, dtype=dtype, device=device)
+        self._free = list(range(shape.num_slots - 1, -1, -1))   # low slots first
+        self.slot_of: dict[int, int] = {}
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def has(self, handle: int) -> bool:
+        return handle in self.slot_of
+
+    def can_allocate(self) -> bool:
+        return bool(self._free)
+
+    def allocate(self, handle: int) -> int:
+        if handle in self.slot_of:
+            return self.slot_of[handle]
+        if not self._free:
+            raise RuntimeError("no free cross-attention slot")
+        slot = self.slot_of[handle] = self._free.pop()
+        return slot
+
+    def free(self, handle: int) -> None:
+        slot = self.slot_of.pop(handle, None)
+        if slot is not None:
+            self._free.append(slot)
+
+    def write(self, handles: list[int], keys: torch.Tensor, values: torch.Tensor) -> None:
+        """keys/values: [num_layers, len(handles), source_len, num_heads, head_dim]."""
+        slots = torch.tensor([self.slot_of[h] for h in handles], dtype=torch.long, device=self.keys.device)
+        self.keys[:, slots] = keys.to(self.keys.dtype)
+        self.values[:, slots] = values.to(self.values.dtype)
+
+
+class CrossAttention:
+    """One forward pass's cross-attention: the queries of sequence b (`query_lens[b]`
+    consecutive rows of the flat batch) attend over all of its slot's positions."""
+
+    def __init__(self, cache: CrossAttentionCache, handles: list[int], query_lens: list[int]):
+        self.cache = cache
+        self.query_lens = list(query_lens)
+        self.slots = [cache.slot_of[h] for h in handles]
+        self.uniform = len(set(self.query_lens)) == 1
+        self.slot_index = torch.tensor(self.slots, dtype=torch.long, device=cache.keys.device)
+
+    def forward(self, layer_index: int, query: torch.Tensor, scale: float) -> torch.Tensor:
+        # query: [num_tokens, num_heads, head_dim] -> [num_tokens, num_heads, head_dim]
+        keys, values = self.cache.keys[layer_index], self.cache.values[layer_index]   # [slots, S, H, D]
+        if self.uniform:   # decode steps (and equal chunks): one batched SDPA
+            batch, q_len = len(self.slots), self.query_lens[0]
+            q = query.view(batch, q_len, *query.shape[1:]).transpose(1, 2)             # [B, H, q, D]
+            k = keys.index_select(0, self.slot_index).transpose(1, 2).to(q.dtype)     # [B, H, S, D]
+            v = values.index_select(0, self.slot_index).transpose(1, 2).to(q.dtype)
+            out = F.scaled_dot_product_attention(q, k, v, scale=scale)
+            return out.transpose(1, 2).reshape(query.shape)
+        outputs, start = [], 0
+        for slot, q_len in zip(self.slots, self.query_lens):
+            q = query[start : start + q_len].transpose(0, 1).unsqueeze(0)              # [1, H, q, D]
+            k = keys[slot].transpose(0, 1).unsqueeze(0).to(q.dtype)                    # [1, H, S, D]
+            v = values[slot].transpose(0, 1).unsqueeze(0).to(q.dtype)
+            out = F.scaled_dot_product_attention(q, k, v, scale=scale)
+            outputs.append(out.squeeze(0).transpose(0, 1))
+            start += q_len
+        return torch.cat(outputs, dim=0)

@@ -1,0 +1,172 @@
+"""Whisper's encoder and decoder as plain torch modules, parameter names as transformers'
+`WhisperForConditionalGeneration` has them (so checkpoints load by name).
+
+    encoder:  mel [B, mels, 3000] -> GELU(conv1) -> GELU(conv2, stride 2) -> + positions
+              -> pre-LN layers (self-attention, MLP) -> layer_norm -> states [B, 1500, d]
+    decoder:  tokens -> embed_tokens + embed_positions -> pre-LN layers (causal
+              self-attention over the paged KV cache, cross-attention over the stream's
+              cross-attention slot, MLP) -> layer_norm -> logits = h @ embed_tokens^T
+
+Queries are scaled before attention (q_proj(x) * head_dim^-0.5, then attention with
+scale 1), in the order of the reference implementation, which rounds differently.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from omniwalk.engine.attention import PagedAttention
+from omniwalk.engine.cross_attention import CrossAttention
+from omniwalk.models.whisper.config import WhisperConfig
+
+
+def _activation(name: str):
+    return {"gelu": F.gelu, "relu": F.relu}[name]
+
+
+class WhisperAttention(nn.Module):
+    """q, k (no bias), v, out projections; the attention itself is the caller's."""
+
+    def __init__(self, d_model: int, num_heads: int):
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = d_model // num_heads
+        self.scaling = self.head_dim ** -0.5
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.k_proj = nn.Linear(d_model, d_model, bias=False)
+        self.v_proj = nn.Linear(d_model, d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+
+    def heads(self, x: torch.Tensor) -> torch.Tensor:
+        return x.view(*x.shape[:-1], self.num_heads, self.head_dim)
+
+    def query(self, x: torch.Tensor) -> torch.Tensor:
+        return self.heads(self.q_proj(x) * self.scaling)
+
+    def key_value(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.heads(self.k_proj(x)), self.heads(self.v_proj(x))
+
+
+class WhisperEncoderLayer(nn.Module):
+    def __init__(self, config: WhisperConfig):
+        super().__init__()
+        d = config.d_model
+        self.self_attn = WhisperAttention(d, config.encoder_attention_heads)
+        self.self_attn_layer_norm = nn.LayerNorm(d)
+        self.fc1 = nn.Linear(d, config.encoder_ffn_dim)
+        self.fc2 = nn.Linear(config.encoder_ffn_dim, d)
+        self.final_layer_norm = nn.LayerNorm(d)
+        self.act = _activation(config.activation_function)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        # h: [B, S, d]
+        x = self.self_attn_layer_norm(h)
+        q = self.self_attn.query(x).transpose(1, 2)                    # [B, H, S, D]
+        k, v = (t.transpose(1, 2) for t in self.self_attn.key_value(x))
+        attn = F.scaled_dot_product_attention(q, k, v, scale=1.0).transpose(1, 2).flatten(2)
+        h = h + self.self_attn.out_proj(attn)
+        return h + self.fc2(self.act(self.fc1(self.final_layer_norm(h))))
+
+
+class WhisperEncoder(nn.Module):
+    def __init__(self, config: WhisperConfig):
+        super().__init__()
+        d = config.d_model
+        self.conv1 = nn.Conv1d(config.num_mel_bins, d, kernel_size=3, padding=1)
+        self.conv2 = nn.Conv1d(d, d, kernel_size=3, stride=2, padding=1)
+        self.embed_positions = nn.Embedding(config.max_source_positions, d)
+        self.layers = nn.ModuleList(WhisperEncoderLayer(config) for _ in range(config.encoder_layers))
+        self.layer_norm = nn.LayerNorm(d)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        # features: [B, num_mel_bins, 2 * max_source_positions] -> states [B, max_source_positions, d]
+        h = F.gelu(self.conv1(features))
+        h = F.gelu(self.conv2(h)).transpose(1, 2)
+        h = h + self.embed_positions.weight
+        for layer in self.layers:
+            h = layer(h)
+        return self.layer_norm(h)
+
+
+class WhisperDecoderLayer(nn.Module):
+    def __init__(self, config: WhisperConfig, index: int):
+        super().__init__()
+        d = config.d_model
+        self.index = index
+        self.self_attn = WhisperAttention(d, config.decoder_attention_heads)
+        self.self_attn_layer_norm = nn.LayerNorm(d)
+        self.encoder_attn = WhisperAttention(d, config.decoder_attention_heads)
+        self.encoder_attn_layer_norm = nn.LayerNorm(d)
+        self.fc1 = nn.Linear(d, config.decoder_ffn_dim)
+        self.fc2 = nn.Linear(config.decoder_ffn_dim, d)
+        self.final_layer_norm = nn.LayerNorm(d)
+        self.act = _activation(config.activation_function)
+
+    def forward(self, h: torch.Tensor, attention: PagedAttention, cross: CrossAttention) -> torch.Tensor:
+        # h: [num_tokens, d], the flat ragged batch
+        x = self.self_attn_layer_norm(h)
+        k, v = self.self_attn.key_value(x)
+        attn = attention.forward(self.index, self.self_attn.query(x), k, v, scale=1.0)
+        h = h + self.self_attn.out_proj(attn.flatten(1))
+        x = self.encoder_attn_layer_norm(h)
+        attn = cross.forward(self.index, self.encoder_attn.query(x), scale=1.0)
+        h = h + self.encoder_attn.out_proj(attn.flatten(1))
+        return h + self.fc2(self.act(self.fc1(self.final_layer_norm(h))))
+
+
+class WhisperDecoder(nn.Module):
+    def __init__(self, config: WhisperConfig):
+        super().__init__()
+        d = config.d_model
+        self.embed_tokens = nn.Embedding(config.vocab_size, d)
+        self.embed_positions = nn.Embedding(config.max_target_positions, d)
+        self.layers = nn.ModuleList(WhisperDecoderLayer(config, i) for i in range(config.decoder_layers))
+        self.layer_norm = nn.LayerNorm(d)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: PagedAttention,
+                cross: CrossAttention) -> torch.Tensor:
+        # input_ids, positions: [num_tokens] -> hidden [num_tokens, d]
+        # no embedding scale: transformers ignores config.scale_embedding for Whisper
+        h = self.embed_tokens(input_ids) + self.embed_positions(positions)
+        for layer in self.layers:
+            h = layer(h, attention, cross)
+        return self.layer_norm(h)
+
+    def cross_key_values(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Encoder states [n, S, d] -> cross keys, values [num_layers, n, S, heads, head_dim]."""
+        pairs = [layer.encoder_attn.key_value(states) for layer in self.layers]
+        return torch.stack([k for k, _ in pairs]), torch.stack([v for _, v in pairs])
+
+
+class WhisperModel(nn.Module):
+    def __init__(self, config: WhisperConfig):
+        super().__init__()
+        self.encoder = WhisperEncoder(config)
+        self.decoder = WhisperDecoder(config)
+
+
+class WhisperForConditionalGeneration(nn.Module):
+    """The checkpoint's module tree: `model.encoder`, `model.decoder`, and `proj_out` only
+    when it is not tied to `model.decoder.embed_tokens`."""
+
+    def __init__(self, config: WhisperConfig):
+        super().__init__()
+        self.config = config
+        self.model = WhisperModel(config)
+        if not config.tie_word_embeddings:
+            self.proj_out = nn.Linear(config.d_model, config.vocab_size, bias=False)
+
+    @property
+    def encoder(self) -> WhisperEncoder:
+        return self.model.encoder
+
+    @property
+    def decoder(self) -> WhisperDecoder:
+        return self.model.decoder
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        # hidden: [rows, d] -> [rows, vocab] float32
+        weight = self.model.decoder.embed_tokens.weight if self.config.tie_word_embeddings else self.proj_out.weight
+        return F.linear(hidden, weight).float()

@@ -1,0 +1,285 @@
+"""In-process speech recognition on a Whisper engine (the /v1/audio/transcriptions route is a
+thin layer on it).
+
+    engine = Engine(EngineArgs("tiny-whisper"))
+    for chunk in submit_transcription(engine, TranscriptionRequest(wav_bytes, language="en")):
+        print(chunk.text, end="")                       # text deltas, with their token ids
+    result = transcribe(engine, TranscriptionRequest(samples))   # all of it at once
+
+Audio: bytes of a WAV/FLAC/MP3/OGG file (decoded, mixed to mono, resampled to 16 kHz),
+or float32 samples at 16 kHz. Unreadable or empty audio raises ValueError.
+
+Long audio: cut into consecutive 30 s windows (features.py), decoded in order on one
+stream, each window from the same forced prompt (the request's `prompt` included). The
+transcript is the windows' texts, each stripped of surrounding whitespace, joined with a
+single space (empty windows skipped); the streamed deltas add up to exactly that text.
+`segments` lists each window's text and token ids with its time span.
+
+Counting: `max_output_tokens` (N) is the budget of the transcript stream: exactly N
+tokens unless EOS stops it first; the stopping EOS counts toward N and is listed in
+`token_ids`, but never becomes text. The budget counts tokens across windows; the EOS
+that ends a window other than the last is not an output. N = None: as many as the
+windows' decoder contexts hold (windows * (max_target_positions - prompt length)),
+also the largest N accepted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from omniwalk.detokenizer import IncrementalDetokenizer
+from omniwalk.engine.sampler import SamplingParams
+from omniwalk.models.whisper.audio import load_audio
+from omniwalk.models.whisper.config import TASKS, language_name
+from omniwalk.models.whisper.executors import WindowInfo
+from omniwalk.models.whisper.model import TRANSCRIPT_STREAM, TranscriptionInputs, WhisperTranscriptionModel
+from omniwalk.runtime import FinishReason, Request, RequestOutput, StopConfig, StreamParams
+
+__all__ = [
+    "TranscriptSegment", "TranscriptionChunk", "TranscriptionRequest", "TranscriptionResult", "TranscriptionUsage",
+    "collect_transcription", "submit_transcription", "transcribe",
+]
+
+
+@dataclass(frozen=True)
+class TranscriptionRequest:
+    """One transcription. `language` None: detected from the first window (multilingual models)."""
+
+    audio: np.ndarray | bytes           # file bytes, or float32 mono samples at 16 kHz
+    language: str | None = None         # "en", "english" or "<|en|>"
+    prompt: str | None = None           # previous text to condition every window on
+    task: str = "transcribe"            # or "translate" (into English)
+    max_output_tokens: int | None = None
+    temperature: float = 0.0            # 0: greedy
+    seed: int | None = None             # None: drawn by the engine
+
+    def __post_init__(self):
+        if self.task not in TASKS:
+            raise ValueError(f"task must be one of {TASKS}, got {self.task!r}")
+        if self.max_output_tokens is not None and self.max_output_tokens < 1:
+            raise ValueError(f"max_output_tokens must be >= 1, got {self.max_output_tokens}")
+        self.sampling()   # validates temperature
+
+    def sampling(self, seed: int | None = None) -> SamplingParams:
+        return SamplingParams(temperature=self.temperature, seed=seed)
+
+
+@dataclass
+class TranscriptionUsage:
+    output_tokens: int      # budgeted items of the transcript stream, a stopping EOS included
+    audio_seconds: float    # duration of the audio received
+    windows: int            # 30 s windows of the audio
+
+
+@dataclass
+class TranscriptSegment:
+    """One window's transcript."""
+
+    window: int
+    start: float            # seconds into the audio
+    end: float
+    text: str               # stripped
+    token_ids: list[int]    # its transcript tokens (no EOS)
+
+
+@dataclass
+class TranscriptionChunk:
+    """What one request produced in one engine step; the last one has `finished` set."""
+
+    request_id: str
+    text: str                                             # text delta
+    token_ids: list[int] = field(default_factory=list)    # ids sampled this step
+    language: str | None = None                           # code, once known ("en")
+    finished: bool = False
+    finish_reason: str | None = None
+    usage: TranscriptionUsage | None = None
+    segments: list[TranscriptSegment] | None = None       # on the last chunk
+    error: str | None = None
+
+
+@dataclass
+class TranscriptionResult:
+    request_id: str
+    text: str
+    token_ids: list[int]
+    language: str | None
+    duration: float
+    segments: list[TranscriptSegment]
+    finish_reason: str
+    usage: TranscriptionUsage
+    error: str | None = None
+
+    @property
+    def language_name(self) -> str | None:
+        return language_name(self.language)
+
+
+class TranscriptText:
+    """Window texts, each stripped, joined by one space, streamed as deltas.
+
+    Whitespace at the end of what a window produced so far is held back until more text
+    follows in that window, so the deltas add up to the joined text exactly."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.window: int | None = None
+        self.detokenizer: IncrementalDetokenizer | None = None
+        self.started = False       # the window has emitted text
+        self.held = ""             # trailing whitespace of the window, not yet emitted
+        self.any_text = False      # some window has emitted text: the next one starts with " "
+        self.segments: dict[int, tuple[list[int], list[str]]] = {}
+
+    def add(self, window: int, token: int) -> str:
+        out = ""
+        if window != self.window:
+            out = self._end_window()
+            self.window, self.detokenizer = window, IncrementalDetokenizer(self.tokenizer)
+            self.started, self.held = False, ""
+            self.segments[window] = ([], [])
+        self.segments[window][0].append(token)
+        return out + self._feed(self.detokenizer.add(token))
+
+    def finish(self) -> str:
+        return self._end_window()
+
+    def _end_window(self) -> str:
+        if self.detokenizer is None:
+            return ""
+        out = self._feed(self.detokenizer.flush())
+        self.held, self.detokenizer = "", None
+        return out
+
+    def _feed(self, delta: str) -> str:
+        prefix = ""
+        if not self.started:
+            delta = delta.lstrip()
+            if not delta:
+                return ""
+            self.started = True
+            prefix = " " if self.any_text else ""
+            self.any_text = True
+        text = self.held + delta
+        body = text.rstrip()
+        self.held = text[len(body):]
+        self.segments[self.window][1].append(body)
+        return prefix + body
+
+
+class TranscriptionOutputProcessor:
+    """Runtime outputs of one transcription -> TranscriptionChunks (on the engine's loop thread)."""
+
+    ends_request = False
+
+    def __init__(self, request_id: str, model: WhisperTranscriptionModel, tokenizer, stop_ids: frozenset[int],
+                 language: str | None, duration: float, num_windows: int):
+        self.request_id = request_id
+        self.model = model
+        self.text = TranscriptText(tokenizer)
+        self.stop_ids = stop_ids
+        self.language = language
+        self.duration = duration
+        self.num_windows = num_windows
+        self.num_ids = 0
+
+    def process(self, out: RequestOutput) -> TranscriptionChunk:
+        ids = list(out.items.get((TRANSCRIPT_STREAM, "tokens"), []))
+        windows: list[WindowInfo] = out.items.get((TRANSCRIPT_STREAM, "windows"), [])
+        pieces = []
+        for position, (token, info) in enumerate(zip(ids, windows)):
+            if self.language is None and info.language is not None:
+                self.language = self.model.generation.language_code(info.language)
+            is_stop_item = out.finished and out.finish_reason == FinishReason.STOP and position == len(ids) - 1 \
+                and token in self.stop_ids
+            if not is_stop_item:   # counted and returned as an id, never rendered
+                pieces.append(self.text.add(info.index, token))
+        self.num_ids += len(ids)
+        if out.finished:
+            pieces.append(self.text.finish())
+        chunk = TranscriptionChunk(self.request_id, "".join(pieces), ids, self.language)
+        if out.finished:
+            chunk.finished = True
+            chunk.finish_reason = out.finish_reason
+            chunk.error = out.error
+            chunk.usage = TranscriptionUsage(self.num_ids, self.duration, self.num_windows)
+            chunk.segments = self._segments()
+        return chunk
+
+    def error_chunk(self, message: str) -> TranscriptionChunk:
+        """The final chunk when processing this request's output failed (Engine._fail)."""
+        return TranscriptionChunk(self.request_id, "", [], self.language, finished=True,
+                                  finish_reason=FinishReason.ERROR, error=message, segments=self._segments(),
+                                  usage=TranscriptionUsage(self.num_ids, self.duration, self.num_windows))
+
+    def _segments(self) -> list[TranscriptSegment]:
+        seconds = self.model.features.config.chunk_length
+        return [TranscriptSegment(w, w * seconds, min((w + 1) * seconds, self.duration), "".join(texts), ids)
+                for w, (ids, texts) in sorted(self.text.segments.items())]
+
+
+def _previous_text_ids(engine, text: str | None, limit: int) -> tuple[int, ...]:
+    """<|startofprev|> + the last `limit` tokens of " " + text (as openai-whisper truncates)."""
+    if text is None or not text.strip():
+        return ()
+    tokenizer = engine.tokenizer
+    ids = tokenizer.encode(" " + text.strip(), add_special_tokens=False)
+    special = set(getattr(tokenizer, "all_special_ids", ()))
+    if any(t in special for t in ids):
+        raise ValueError("the prompt contains special tokens")
+    start = engine.model.generation.prev_sot_token_id
+    if start is None:
+        start = tokenizer.convert_tokens_to_ids("<|startofprev|>")
+    return (start, *ids[-limit:])
+
+
+def submit_transcription(engine, request: TranscriptionRequest, loop: asyncio.AbstractEventLoop | None = None,
+                         request_id: str | None = None):
+    """Validate and enqueue a transcription on a Whisper engine; returns its RequestStream of
+    TranscriptionChunks. Raises ValueError (bad input) or QueueFullError (server full)."""
+    model = engine.model
+    if not isinstance(model, WhisperTranscriptionModel):
+        raise ValueError(f"model {engine.loaded.name!r} does not transcribe speech")
+    if engine.loop_error is not None:
+        raise RuntimeError(f"the engine loop died: {engine.loop_error!r}")
+    samples = load_audio(request.audio, model.sampling_rate)
+    max_positions = model.config.max_target_positions
+    previous = _previous_text_ids(engine, request.prompt, max_positions // 2 - 1)
+    prompt = model.generation.forced_prompt(request.language, request.task, previous)
+    features = model.features(samples)
+    num_windows = features.shape[0]
+    most = num_windows * (max_positions - len(prompt))
+    budget = request.max_output_tokens if request.max_output_tokens is not None else most
+    if budget > most:
+        raise ValueError(f"max_output_tokens ({budget}) exceeds what {num_windows} window(s) of audio can hold: "
+                         f"{max_positions} decoder positions per window, {len(prompt)} of them prompt")
+    seed = request.seed if request.seed is not None else engine.draw_seed()
+    stop = StopConfig(eos_ids=engine.loaded.eos_token_ids)
+    request_id = request_id or engine.new_request_id()
+    runtime_request = Request(
+        request_id, TranscriptionInputs(features, prompt),
+        {TRANSCRIPT_STREAM: StreamParams(budget, stop, request.sampling(seed), seed)}, arrival=time.monotonic(),
+    )
+    language = model.generation.language_code(prompt.language) if prompt.language is not None else None
+    if language is None and not model.generation.is_multilingual:
+        language = "en"
+    duration = samples.size / model.sampling_rate
+    processor = TranscriptionOutputProcessor(request_id, model, engine.tokenizer, stop.stopping_ids(), language,
+                                             duration, num_windows)
+    return engine.submit_request(runtime_request, processor, None, loop)
+
+
+def collect_transcription(stream) -> TranscriptionResult:
+    """Drain a transcription RequestStream into one result (the same text and ids the chunks carry)."""
+    texts, ids, last = [], [], None
+    for last in stream:
+        texts.append(last.text)
+        ids += last.token_ids
+    return TranscriptionResult(stream.request_id, "".join(texts), ids, last.language, last.usage.audio_seconds,
+                               last.segments, last.finish_reason, last.usage, last.error)
+
+
+def transcribe(engine, request: TranscriptionRequest) -> TranscriptionResult:
+    return collect_transcription(submit_transcription(engine, request))

@@ -1,0 +1,354 @@
+"""Whisper: log-mel parity with WhisperFeatureExtractor, greedy ids equal to HF `generate`
+(a tiny random checkpoint written with save_pretrained), the budget contract across
+windows, streaming, batching across requests, cancellation and audio decoding."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from omniwalk import Engine, EngineArgs
+from omniwalk.models.whisper.audio import decode_audio, load_audio, resample
+from omniwalk.models.whisper.features import FeatureConfig, LogMelFeatures
+from omniwalk.models.whisper.transcribe import TranscriptionRequest, submit_transcription, transcribe
+
+transformers = pytest.importorskip("transformers")
+
+ASSETS = Path(__file__).parents[2] / "omniwalk" / "models" / "whisper" / "assets" / "tiny-whisper"
+SR = 16000
+WINDOW = 30 * SR
+MAX_TARGET = 128         # decoder positions of the test checkpoint: short runaway windows
+
+
+def clip(kind: str, seconds: float, seed: int = 0) -> np.ndarray:
+    t = np.arange(int(SR * seconds)) / SR
+    if kind == "sine":
+        x = 0.5 * np.sin(2 * np.pi * (220 + 40 * seed) * t) * (1 + 0.5 * np.sin(2 * np.pi * 3 * t))
+    elif kind == "chirp":
+        x = 0.4 * np.sin(2 * np.pi * (200 + 400 * t / seconds + 30 * seed) * t)
+    else:
+        x = 0.1 * np.random.default_rng(seed).standard_normal(t.size)
+    return x.astype(np.float32)
+
+
+CLIPS = {"sine-3s": clip("sine", 3), "chirp-11s": clip("chirp", 11), "noise-29s": clip("noise", 29)}
+
+
+# ---------------------------------------------------------------- features and audio
+
+
+@pytest.mark.parametrize("bins", [80, 128])
+def test_log_mel_matches_whisper_feature_extractor(bins):
+    reference = transformers.WhisperFeatureExtractor(feature_size=bins)
+    ours = LogMelFeatures(FeatureConfig(num_mel_bins=bins))
+    audio = np.concatenate([clip("chirp", 31), clip("noise", 20, seed=1)])     # 51 s: two windows
+    features = ours(audio)
+    assert features.shape == (2, bins, 3000)
+    for w in range(2):   # each window is featurized as a clip of its own
+        expected = reference(audio[w * WINDOW:(w + 1) * WINDOW], sampling_rate=SR, return_tensors="np")
+        assert np.abs(features[w].numpy() - expected.input_features[0]).max() < 1e-4
+    for signal in CLIPS.values():
+        expected = reference(signal, sampling_rate=SR, return_tensors="np").input_features
+        assert np.abs(ours(signal).numpy() - expected).max() < 1e-4
+
+
+def test_audio_files_decode_to_16khz_mono():
+    soundfile = pytest.importorskip("soundfile")
+    def tone(rate):
+        return (0.5 * np.sin(2 * np.pi * 440 * np.arange(2 * rate) / rate)).astype(np.float32)
+
+    stereo = np.stack([tone(44100), tone(44100)], axis=1)
+    for fmt, rate, data in [("WAV", 16000, tone(16000)), ("FLAC", 44100, stereo), ("MP3", 22050, tone(22050))]:
+        buffer = io.BytesIO()
+        soundfile.write(buffer, data, rate, format=fmt)
+        samples = decode_audio(buffer.getvalue(), SR)
+        assert samples.dtype == np.float32 and samples.ndim == 1
+        assert abs(samples.size - 2 * SR) < 0.01 * SR, fmt   # MP3 adds codec delay/padding
+        spectrum = np.abs(np.fft.rfft(samples))
+        assert abs(np.argmax(spectrum) * SR / samples.size - 440) < 2, fmt
+    assert np.array_equal(resample(tone(8000), 8000, 8000), tone(8000))
+    for bad, message in [(b"", "empty"), (b"not audio at all", "could not decode"),
+                         (np.zeros(0, np.float32), "no samples"), (np.zeros((2, 5), np.float32), "mono"),
+                         (np.zeros(5, np.int16), "floating point"), ("a string", "file bytes or a numpy array")]:
+        with pytest.raises(ValueError, match=message):
+            load_audio(bad, SR)
+
+
+# ---------------------------------------------------------------- an HF checkpoint
+
+
+def hf_generation_config():
+    return transformers.GenerationConfig.from_pretrained(ASSETS)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A tiny random WhisperForConditionalGeneration, weights x10 so greedy ids depend on the audio."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(ASSETS)
+    generation = hf_generation_config()
+    config = transformers.WhisperConfig(
+        vocab_size=len(tokenizer), num_mel_bins=80, d_model=64, encoder_layers=2, encoder_attention_heads=4,
+        decoder_layers=2, decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
+        max_source_positions=1500, max_target_positions=MAX_TARGET,
+        decoder_start_token_id=generation.decoder_start_token_id, pad_token_id=generation.pad_token_id,
+        bos_token_id=generation.bos_token_id, eos_token_id=generation.eos_token_id,
+    )
+    torch.manual_seed(0)
+    model = transformers.WhisperForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() > 1:
+                param.mul_(10.0)
+    model.generation_config = generation
+    folder = tmp_path_factory.mktemp("tiny-whisper-hf")
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    transformers.WhisperFeatureExtractor(feature_size=80).save_pretrained(folder)
+    return folder, model, tokenizer
+
+
+@pytest.fixture(scope="module")
+def engine(checkpoint):
+    folder, _, _ = checkpoint
+    with Engine(EngineArgs(str(folder), dtype="float32", device="cpu", max_num_batched_tokens=64,
+                           max_num_seqs=16)) as engine:
+        yield engine
+
+
+def hf_generate(model, audio, eos=None, max_new_tokens=24, **kwargs) -> list[int]:
+    """HF's greedy ids after the decoder prompt (a final EOS included)."""
+    features = transformers.WhisperFeatureExtractor(feature_size=80)(audio, sampling_rate=SR, return_tensors="pt")
+    options = dict(task="transcribe", max_new_tokens=max_new_tokens, do_sample=False, return_dict_in_generate=True)
+    if eos is not None:
+        options["eos_token_id"] = eos
+    sequence = model.generate(features.input_features, **options, **kwargs).sequences[0].tolist()
+    start = len(kwargs.get("prompt_ids", ())) + 4      # [prompt] sot language task notimestamps
+    assert sequence[start - 1] == hf_generation_config().no_timestamps_token_id
+    return sequence[start:]
+
+
+def greedy(audio, n, **options) -> TranscriptionRequest:
+    return TranscriptionRequest(audio, max_output_tokens=n, **options)
+
+
+@pytest.mark.parametrize("name", list(CLIPS))
+def test_greedy_ids_equal_hf_generate(engine, checkpoint, name):
+    _, model, tokenizer = checkpoint
+    audio = CLIPS[name]
+    expected = hf_generate(model, audio, language="en")
+    result = transcribe(engine, greedy(audio, 24, language="en"))
+    assert result.token_ids == expected
+    assert len(set(expected)) > 3        # the ids depend on the audio, not one token repeated
+    assert result.text == tokenizer.decode(expected, skip_special_tokens=True).strip()
+    assert result.finish_reason == "length" and result.language == "en"
+
+
+def test_language_detection_and_prompt_equal_hf_generate(engine, checkpoint):
+    _, model, tokenizer = checkpoint
+    audio = CLIPS["noise-29s"]
+    detected = transcribe(engine, greedy(audio, 16))
+    full = model.generate(transformers.WhisperFeatureExtractor(feature_size=80)(
+        audio, sampling_rate=SR, return_tensors="pt").input_features, task="transcribe", max_new_tokens=16,
+        return_dict_in_generate=True).sequences[0].tolist()
+    assert detected.token_ids == full[4:]
+    language = next(k.strip("<|>") for k, v in hf_generation_config().lang_to_id.items() if v == full[1])
+    assert detected.language == language
+    text = "the river ran past the old mill"
+    prompt_ids = torch.tensor(tokenizer.encode("<|startofprev|>" + " " + text, add_special_tokens=False))
+    prompted = transcribe(engine, greedy(CLIPS["chirp-11s"], 16, language="de", prompt=text))
+    assert prompted.token_ids == hf_generate(model, CLIPS["chirp-11s"], max_new_tokens=16, language="de",
+                                             prompt_ids=prompt_ids)
+
+
+# ---------------------------------------------------------------- the budget contract
+
+
+def stream_ids(engine, request):
+    chunks = list(submit_transcription(engine, request))
+    return [t for c in chunks for t in c.token_ids], "".join(c.text for c in chunks), chunks[-1]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 64])
+def test_exactly_n_tokens_without_eos(engine, checkpoint, n):
+    _, model, _ = checkpoint
+    audio = CLIPS["chirp-11s"]
+    before = dict(engine.runtime.walk_counts)
+    result = transcribe(engine, greedy(audio, n, language="en"))
+    assert result.token_ids == hf_generate(model, audio, language="en", max_new_tokens=n)
+    assert len(result.token_ids) == result.usage.output_tokens == n and result.finish_reason == "length"
+    ids, text, final = stream_ids(engine, greedy(audio, n, language="en"))
+    assert (ids, text) == (result.token_ids, result.text) and final.usage.output_tokens == n
+    decodes = engine.runtime.walk_counts["decode"] - before.get("decode", 0)
+    assert engine.runtime.walk_counts["prefill"] - before.get("prefill", 0) == 2
+    assert decodes == (0 if n == 1 else 2)   # N = 1 ends at its prefill: no decode walk at all
+
+
+@pytest.fixture(scope="module")
+def eos_engine(engine, checkpoint):
+    """The same model with EOS = a token greedy decoding emits third (first at index 2)."""
+    free = transcribe(engine, greedy(CLIPS["chirp-11s"], 24, language="en")).token_ids
+    index = next(i for i in range(2, len(free)) if free[i] not in free[:i])
+    loaded = dataclasses.replace(engine.loaded, eos_token_ids=frozenset({free[index]}))
+    with Engine(engine.args, loaded=loaded) as with_eos:
+        yield with_eos, free, index
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 64])
+def test_exactly_n_tokens_or_the_eos(eos_engine, checkpoint, n):
+    engine, free, index = eos_engine
+    _, model, tokenizer = checkpoint
+    audio = CLIPS["chirp-11s"]
+    eos = free[index]
+    result = transcribe(engine, greedy(audio, n, language="en"))
+    assert result.token_ids == free[: min(n, index + 1)]             # ends at the EOS, EOS included
+    assert result.finish_reason == ("stop" if n > index else "length")
+    assert result.usage.output_tokens == len(result.token_ids)
+    if n == 64:
+        assert result.token_ids == hf_generate(model, audio, eos=eos, language="en", max_new_tokens=64)
+    assert result.text == tokenizer.decode(free[: min(n, index)], skip_special_tokens=True).strip()
+    ids, text, final = stream_ids(engine, greedy(audio, n, language="en"))
+    assert (ids, text, final.finish_reason) == (result.token_ids, result.text, result.finish_reason)
+
+
+def test_long_audio_windows_in_order_joined_by_a_space(eos_engine, checkpoint):
+    engine, free, index = eos_engine
+    _, model, tokenizer = checkpoint
+    eos = free[index]
+    audio = np.concatenate([clip("noise", 30, seed=3), clip("chirp", 30, seed=1), clip("sine", 5, seed=2)])
+    windows = []
+    for w in range(3):   # HF on each window alone; a window without EOS runs to the context limit
+        ids = hf_generate(model, audio[w * WINDOW:(w + 1) * WINDOW], eos=eos, language="en",
+                          max_new_tokens=MAX_TARGET - 4)
+        windows.append(ids[:-1] if ids and ids[-1] == eos else ids)
+    expected = [t for ids in windows for t in ids] + [eos]   # the last window's EOS: natural or forced
+    result = transcribe(engine, TranscriptionRequest(audio, language="en"))
+    assert result.token_ids == expected and result.finish_reason == "stop"
+    texts = [tokenizer.decode(ids, skip_special_tokens=True).strip() for ids in windows]
+    assert result.text == " ".join(t for t in texts if t)
+    assert [s.window for s in result.segments] == [w for w in range(3) if windows[w]]
+    assert result.usage.windows == 3 and result.usage.audio_seconds == 65.0
+    ids, text, _ = stream_ids(engine, TranscriptionRequest(audio, language="en"))
+    assert (ids, text) == (result.token_ids, result.text)
+    # the budget counts across windows
+    n = len(windows[0]) + 2
+    cut = transcribe(engine, greedy(audio, n, language="en"))
+    assert cut.token_ids == expected[:n] and cut.finish_reason == "length"
+
+
+# ---------------------------------------------------------------- batching and resources
+
+
+def test_16_concurrent_transcriptions_equal_each_alone(engine):
+    kinds = ["sine", "chirp", "noise"]
+    requests = [greedy(clip(kinds[i % 3], 2 + 3 * i, seed=i), 12, language=None if i % 4 == 0 else "en")
+                for i in range(16)]
+    alone = [transcribe(engine, r).token_ids for r in requests]
+    batches_before = engine.runtime.node_batches["encoder"]
+    streams = [submit_transcription(engine, r) for r in requests]
+    together = [[t for c in s for t in c.token_ids] for s in streams]
+    assert together == alone
+    assert engine.runtime.node_batches["encoder"] - batches_before < 16     # encoder batches were shared
+
+
+def test_preemption_under_a_tiny_kv_cache_keeps_outputs(engine):
+    requests = [greedy(clip("chirp", 4 + i, seed=i), 60, language="en") for i in range(6)]
+    expected = [transcribe(engine, r).token_ids for r in requests]
+    tight_args = dataclasses.replace(engine.args, kv_cache_tokens=MAX_TARGET + 32, page_size=8)
+    with Engine(tight_args) as tight:
+        streams = [submit_transcription(tight, r) for r in requests]
+        assert [[t for c in s for t in c.token_ids] for s in streams] == expected
+        assert tight.runtime.num_preemptions > 0
+        model = tight.model
+        assert model.cache.allocator.num_free == model.cache.allocator.num_pages
+        assert model.cross.num_free == model.cross.shape.num_slots
+
+
+def test_cancel_frees_pages_and_cross_attention_slots():
+    with Engine(EngineArgs("tiny-whisper", max_num_seqs=4)) as engine:
+        model = engine.model
+        audio = clip("noise", 70)
+        streams = [submit_transcription(engine, TranscriptionRequest(audio, language="en")) for _ in range(6)]
+        iterator = iter(streams[0])
+        next(iterator), next(iterator)            # it is decoding now
+        assert model.cross.num_free == 0 and model.cache.allocator.num_free < model.cache.allocator.num_pages
+        for stream in streams:
+            stream.abort()
+        finals = [list(stream)[-1] if not stream.finished else None for stream in streams]
+        assert all(f is None or f.finish_reason == "abort" for f in finals)
+        deadline = time.monotonic() + 10
+        while (engine.num_in_flight or engine.runtime.running) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert model.cache.allocator.num_free == model.cache.allocator.num_pages
+        assert model.cross.num_free == model.cross.shape.num_slots == 4
+        assert not model.executors["decoder"].streams and not model.executors["encoder"].num_windows
+
+
+def test_bad_transcription_requests(engine):
+    audio = CLIPS["sine-3s"]
+    for request, message in [
+        (TranscriptionRequest(b""), "empty"),
+        (TranscriptionRequest(b"RIFF....WAVEfmt garbage"), "could not decode"),
+        (TranscriptionRequest(np.zeros(0, np.float32)), "no samples"),
+        (TranscriptionRequest(audio, language="klingon"), "unsupported language"),
+        (TranscriptionRequest(audio, max_output_tokens=MAX_TARGET), "exceeds what 1 window"),
+        (TranscriptionRequest(audio, prompt="<|endoftext|>"), "special tokens"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            submit_transcription(engine, request)
+    for kwargs, message in [({"task": "dance"}, "task"), ({"max_output_tokens": 0}, "max_output_tokens"),
+                            ({"temperature": -1.0}, "temperature")]:
+        with pytest.raises(ValueError, match=message):
+            TranscriptionRequest(audio, **kwargs)
+    with Engine(EngineArgs("tiny-qwen3")) as text_engine:
+        with pytest.raises(ValueError, match="does not transcribe"):
+            submit_transcription(text_engine, TranscriptionRequest(audio))
+
+
+def test_sampling_is_seeded_and_batch_invariant(engine):
+    audio = CLIPS["noise-29s"]
+    requests = [greedy(audio, 16, language="en", temperature=1.0, seed=s) for s in (1, 1, 2)]
+    alone = [transcribe(engine, r).token_ids for r in requests]
+    together = [[t for c in s for t in c.token_ids] for s in [submit_transcription(engine, r) for r in requests]]
+    assert together == alone and alone[0] == alone[1] and alone[0] != alone[2]
+
+
+def test_a_folder_without_preprocessor_config_loads(checkpoint, tmp_path):
+    folder, _, _ = checkpoint
+    copy = tmp_path / "whisper"
+    shutil.copytree(folder, copy)
+    (copy / "preprocessor_config.json").unlink()    # optional: the default extractor at the config's bins
+    with Engine(EngineArgs(str(copy), max_num_seqs=2)) as engine:
+        assert transcribe(engine, greedy(CLIPS["sine-3s"], 5, language="en")).usage.output_tokens == 5
+
+
+def test_english_only_checkpoint_equals_hf_generate(checkpoint, tmp_path):
+    folder, model, _ = checkpoint
+    copy = tmp_path / "whisper-en"
+    shutil.copytree(folder, copy)
+    generation = hf_generation_config().to_dict()
+    for key in ("lang_to_id", "task_to_id"):
+        generation.pop(key)
+    generation.update(is_multilingual=False, forced_decoder_ids=[[1, generation["no_timestamps_token_id"]]])
+    (copy / "generation_config.json").write_text(json.dumps(generation))
+    english = transformers.GenerationConfig.from_pretrained(copy)
+    audio = CLIPS["chirp-11s"]
+    features = transformers.WhisperFeatureExtractor(feature_size=80)(audio, sampling_rate=SR, return_tensors="pt")
+    expected = model.generate(features.input_features, generation_config=english, max_new_tokens=12,
+                              return_dict_in_generate=True).sequences[0].tolist()
+    assert expected[:2] == [english.decoder_start_token_id, english.no_timestamps_token_id]
+    with Engine(EngineArgs(str(copy), max_num_seqs=2)) as engine:
+        result = transcribe(engine, greedy(audio, 12))
+        assert result.token_ids == expected[2:] and result.language == "en"
+        assert transcribe(engine, greedy(audio, 12, language="english")).token_ids == expected[2:]
+        for request, message in [(greedy(audio, 12, language="de"), "English-only"),
+                                 (greedy(audio, 12, task="translate"), "cannot translate")]:
+            with pytest.raises(ValueError, match=message):
+                submit_transcription(engine, request)
