@@ -155,29 +155,42 @@ def read_model_source(args: EngineArgs, family, folder: Path | None):
     return config, tokenizer, _generation_eos(folder, config), args.load_format == "dummy"
 
 
+def build_module(make, device: torch.device, dtype: torch.dtype, random_weights: bool, seed: int,
+                 folder: Path | None, rename=None) -> torch.nn.Module:
+    """`make()` built on `device` in `dtype`, filled with seeded random or checkpoint weights."""
+    with torch.device(device):
+        module = make().to(dtype)
+    if random_weights:
+        init_random_weights(module, seed)
+    else:
+        load_checkpoint_weights(module, folder, rename=rename)
+    return module.eval()
+
+
+def context_length(args: EngineArgs, config: DecoderConfig) -> int:
+    return min(config.max_position_embeddings, args.max_model_len or config.max_position_embeddings)
+
+
+def capture_decode_graphs(args: EngineArgs, lm, cache: PagedKVCache, max_model_len: int) -> DecodeGraphs | None:
+    """CUDA graphs of the decode step (None on CPU or with --enforce-eager)."""
+    if cache.keys.device.type != "cuda" or args.enforce_eager:
+        return None
+    graphs = DecodeGraphs(lm, cache, args.max_num_seqs, -(-max_model_len // args.page_size))
+    started = time.perf_counter()
+    graphs.capture()
+    logger.info("captured decode CUDA graphs for batch sizes %s in %.1f s", graphs.buckets, time.perf_counter() - started)
+    return graphs
+
+
 def load_text_model(args: EngineArgs, family, folder: Path | None) -> LoadedModel:
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     config, tokenizer, eos, random_weights = read_model_source(args, family, folder)
-
-    with torch.device(device):
-        lm = CausalLM(config).to(dtype)
-    if random_weights:
-        init_random_weights(lm, args.seed)
-    else:
-        load_checkpoint_weights(lm, folder)
-    lm.eval()
-
-    max_model_len = min(config.max_position_embeddings, args.max_model_len or config.max_position_embeddings)
+    lm = build_module(lambda: CausalLM(config), device, dtype, random_weights, args.seed, folder)
+    max_model_len = context_length(args, config)
     shape = kv_cache_shape(args, config, device, dtype)
     cache = PagedKVCache(shape, dtype, device, enable_prefix_caching=args.enable_prefix_caching)
-    graphs = None
-    if device.type == "cuda" and not args.enforce_eager:
-        graphs = DecodeGraphs(lm, cache, args.max_num_seqs, -(-max_model_len // args.page_size))
-        started = time.perf_counter()
-        graphs.capture()
-        logger.info("captured decode CUDA graphs for batch sizes %s in %.1f s",
-                    graphs.buckets, time.perf_counter() - started)
+    graphs = capture_decode_graphs(args, lm, cache, max_model_len)
     served = TextGenerationModel(lm, cache, max_batch_size=args.max_num_seqs, decode_graphs=graphs)
     logger.info("loaded %s (%s, %s on %s%s); KV cache: %d tokens in %d pages of %d",
                 args.model, family.name, dtype, device, ", random weights" if random_weights else "",

@@ -28,7 +28,7 @@ def causal_conv1d(
     """Returns the outputs [batch, seq_len, channels] and the new state (same shape as `state`).
 
     Computes in the weight's dtype and returns the input's, as transformers does."""
-    seq_len, channels = x.shape[1], x.shape[2]
+    channels = x.shape[2]
     window = torch.cat([state.to(weight.dtype), x.transpose(1, 2).to(weight.dtype)], dim=-1)
     out = F.conv1d(window, weight.unsqueeze(1), groups=channels)    # [batch, channels, seq_len]
     if activation == "silu":

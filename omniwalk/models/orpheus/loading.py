@@ -13,18 +13,15 @@
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 
-import torch
 
-from omniwalk.engine.cuda_graphs import DecodeGraphs
 from omniwalk.engine.kv_cache import PagedKVCache
 from omniwalk.layers.transformer import CausalLM
 from omniwalk.loading import (
-    EngineArgs, LoadedModel, kv_cache_shape, read_model_source, resolve_device, resolve_dtype,
+    EngineArgs, LoadedModel, build_module, capture_decode_graphs, context_length, kv_cache_shape,
+    read_model_source, resolve_device, resolve_dtype,
 )
-from omniwalk.models.loader import init_random_weights, load_checkpoint_weights
 from omniwalk.models.orpheus.config import ORPHEUS_3B, TINY_SNAC, TINY_TOKENS
 from omniwalk.models.orpheus.model import OrpheusModel
 from omniwalk.models.orpheus.snac import (
@@ -54,28 +51,16 @@ def load_orpheus(args: EngineArgs, family, folder: Path | None) -> LoadedModel:
     if config.vocab_size < tokens.audio_end:
         raise ValueError(f"vocabulary of {config.vocab_size} ids lacks Orpheus' audio codes (up to {tokens.audio_end})")
 
-    with torch.device(device):
-        lm = CausalLM(config).to(dtype)
-    if random_weights:
-        init_random_weights(lm, args.seed)
-    else:
-        load_checkpoint_weights(lm, folder)
-    lm.eval()
+    lm = build_module(lambda: CausalLM(config), device, dtype, random_weights, args.seed, folder)
     snac = _load_snac(snac_folder, random_weights, args.seed + 1).to(device).eval()
     if snac.config.codebook_size != tokens.codebook_size:
         raise ValueError(f"SNAC codebook of {snac.config.codebook_size} entries; the checkpoint's "
                          f"audio ids need {tokens.codebook_size}")
 
-    max_model_len = min(config.max_position_embeddings, args.max_model_len or config.max_position_embeddings)
+    max_model_len = context_length(args, config)
     shape = kv_cache_shape(args, config, device, dtype)
     cache = PagedKVCache(shape, dtype, device)
-    graphs = None
-    if device.type == "cuda" and not args.enforce_eager:
-        graphs = DecodeGraphs(lm, cache, args.max_num_seqs, -(-max_model_len // args.page_size))
-        started = time.perf_counter()
-        graphs.capture()
-        logger.info("captured decode CUDA graphs for batch sizes %s in %.1f s",
-                    graphs.buckets, time.perf_counter() - started)
+    graphs = capture_decode_graphs(args, lm, cache, max_model_len)
     served = OrpheusModel(lm, cache, snac, tokens, max_batch_size=args.max_num_seqs, decode_graphs=graphs)
     logger.info("loaded %s (orpheus, %s on %s%s; SNAC %s); KV cache: %d tokens",
                 args.model, dtype, device, ", random weights" if random_weights else "",

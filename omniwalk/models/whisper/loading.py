@@ -21,15 +21,14 @@ import logging
 from pathlib import Path
 from types import SimpleNamespace
 
-import torch
 
 from omniwalk.engine.cross_attention import CrossAttentionCache, CrossAttentionShape
 from omniwalk.engine.kv_cache import PagedKVCache
 from omniwalk.loading import (
-    EngineArgs, LoadedModel, NoTokenizer, has_tokenizer_files, kv_cache_shape, load_tokenizer, resolve_device,
-    resolve_dtype,
+    EngineArgs, LoadedModel, NoTokenizer, build_module, has_tokenizer_files, kv_cache_shape, load_tokenizer,
+    resolve_device, resolve_dtype,
 )
-from omniwalk.models.loader import init_random_weights, load_checkpoint_weights, read_hf_config
+from omniwalk.models.loader import read_hf_config
 from omniwalk.models.whisper.config import WhisperConfig, WhisperGenerationConfig, tiny_config
 from omniwalk.models.whisper.features import FeatureConfig, LogMelFeatures
 from omniwalk.models.whisper.model import WhisperTranscriptionModel
@@ -64,14 +63,9 @@ def load_whisper(args: EngineArgs, family, folder: Path | None) -> LoadedModel:
     if feature_config.num_frames != config.num_frames:
         raise ValueError(f"windows of {feature_config.num_frames} mel frames; the encoder takes {config.num_frames}")
 
-    with torch.device(device):
-        net = WhisperForConditionalGeneration(config).to(dtype)
-    if random_weights:
-        init_random_weights(net, args.seed)
-    else:
-        tied = config.tie_word_embeddings
-        load_checkpoint_weights(net, folder, rename=lambda name: None if tied and name == "proj_out.weight" else name)
-    net.eval()
+    tied = config.tie_word_embeddings
+    net = build_module(lambda: WhisperForConditionalGeneration(config), device, dtype, random_weights, args.seed,
+                       folder, rename=lambda name: None if tied and name == "proj_out.weight" else name)
 
     cross = CrossAttentionCache(CrossAttentionShape(
         config.decoder_layers, args.max_num_seqs, config.max_source_positions, config.decoder_attention_heads,
