@@ -17,8 +17,8 @@ TINY_TOKENIZER = Path(__file__).parent / "assets" / "tiny-tokenizer"
 
 
 @dataclass(frozen=True)
-class TextFamily:
-    """A decoder-only text family served by `omniwalk.loading.load_text_model`."""
+class ModelFamily:
+    """A model family: how to read its config, its tiny built-in config, and its loader."""
 
     name: str
     hf_model_types: tuple[str, ...]
@@ -32,21 +32,21 @@ class TextFamily:
     detect: Callable[[dict], bool] | None = None
 
 
-FAMILIES: dict[str, TextFamily] = {
-    "qwen3": TextFamily("qwen3", ("qwen3",), qwen3.config_from_hf, qwen3.tiny_config),
-    "llama": TextFamily("llama", ("llama",), llama.config_from_hf, llama.tiny_config),
-    "qwen3_5": TextFamily("qwen3_5", ("qwen3_5", "qwen3_5_text"), qwen3_5.config_from_hf, qwen3_5.tiny_config,
+FAMILIES: dict[str, ModelFamily] = {
+    "qwen3": ModelFamily("qwen3", ("qwen3",), qwen3.config_from_hf, qwen3.tiny_config),
+    "llama": ModelFamily("llama", ("llama",), llama.config_from_hf, llama.tiny_config),
+    "qwen3_5": ModelFamily("qwen3_5", ("qwen3_5", "qwen3_5_text"), qwen3_5.config_from_hf, qwen3_5.tiny_config,
                           loader="omniwalk.models.qwen3_5.loading:load_qwen3_5"),
-    "orpheus": TextFamily("orpheus", (), llama.config_from_hf, orpheus.tiny_backbone_config,
+    "orpheus": ModelFamily("orpheus", (), llama.config_from_hf, orpheus.tiny_backbone_config,
                           loader="omniwalk.models.orpheus.loading:load_orpheus", detect=orpheus.is_orpheus_config),
-    "whisper": TextFamily("whisper", ("whisper",), whisper.config_from_hf, whisper.tiny_config,
+    "whisper": ModelFamily("whisper", ("whisper",), whisper.config_from_hf, whisper.tiny_config,
                           loader="omniwalk.models.whisper.loading:load_whisper"),
 }
 
 BUILTIN_MODELS: dict[str, str] = {f"tiny-{name}": name for name in FAMILIES}
 
 
-def family_for_hf_config(hf: dict) -> TextFamily:
+def family_for_hf_config(hf: dict) -> ModelFamily:
     """The family of a checkpoint folder's `config.json`: one whose `detect` claims it, else by model_type."""
     for family in FAMILIES.values():
         if family.detect is not None and family.detect(hf):
@@ -54,7 +54,7 @@ def family_for_hf_config(hf: dict) -> TextFamily:
     return family_for_model_type(hf.get("model_type", ""))
 
 
-def family_for_model_type(model_type: str) -> TextFamily:
+def family_for_model_type(model_type: str) -> ModelFamily:
     for family in FAMILIES.values():
         if model_type in family.hf_model_types:
             return family
