@@ -268,6 +268,8 @@ class Engine:
             raise RuntimeError(f"the engine loop died: {self.loop_error!r}")
         if self._stopping:
             raise RuntimeError("the engine is shut down")
+        if TEXT_STREAM not in self.model.graph.streams:   # Whisper, Orpheus: their own submit_* functions
+            raise ValueError(f"model {self.loaded.name!r} does not generate text")
         prompt_ids = self.tokenize(request)
         room = self.max_model_len - len(prompt_ids)
         if room < 1:
@@ -308,6 +310,8 @@ class Engine:
                        prompt_token_ids: list[int] | None = None,
                        loop: asyncio.AbstractEventLoop | None = None) -> RequestStream:
         """Enqueue a runtime request of any model; `processor` shapes what the client gets."""
+        if self._stopping:   # nothing would ever answer it (submit_speech, submit_transcription come here)
+            raise RuntimeError("the engine is shut down")
         stream = RequestStream(self, request.request_id, prompt_token_ids, loop)
         with self._lock:
             if request.request_id in self._in_flight:

@@ -37,6 +37,8 @@ def _add_engine_flags(parser: argparse.ArgumentParser, seed: bool = True) -> Non
     group.add_argument("--enforce-eager", action="store_true", help="CUDA: decode without CUDA graphs")
     group.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
                        help="compute every prompt in full (prefix caching is on by default)")
+    group.add_argument("--codec", default=None,
+                       help="TTS checkpoints: local codec folder (Orpheus: SNAC; default: MODEL/snac)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", help="serve a model over HTTP (OpenAI-compatible and native routes)")
     serve.add_argument("model", nargs="?", default="tiny-qwen3",
-                       help="a built-in name (tiny-qwen3, tiny-llama) or a local Hugging Face checkpoint folder")
+                       help="a built-in name (tiny-qwen3, tiny-llama, tiny-orpheus, ...) or a local Hugging "
+                            "Face checkpoint folder")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--served-model-name", default=None, help="the name /v1 requests use (default: MODEL)")

@@ -4,6 +4,10 @@
         --num-requests 200 --warmup 16 --ignore-eos --json out.json
     omniwalk bench --model ~/ckpt/Qwen3-0.6B --load-format dummy --max-num-seqs 128 \\
         --concurrency 1,32,128 --ignore-eos --baseline hf --json out.json
+    omniwalk bench --tts --url http://127.0.0.1:8000 --concurrency 1,16 --output-len 700 --ignore-eos
+        (text to speech: time to first audio, real-time factor, streaming viability; see tts.py)
+    omniwalk bench --asr --model tiny-whisper --concurrency 1,4 --audio-seconds 30 --output-len 64
+        (speech recognition, in-process: requests/s, real-time factors; see asr.py)
 
 `omniwalk/cli.py` registers the subcommand: `add_bench_arguments` adds these flags (the
 engine flags come from there), `run_bench` runs it. Exit status: 0 when every request
@@ -41,14 +45,16 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a running OpenAI-compatible server (any); without it the model runs in-process")
     target.add_argument("--model", default=None,
                         help="with --url: the served model name (default: the first of /v1/models); "
-                             f"without: a built-in name or a local HF folder, run in-process (default {DEFAULT_MODEL})")
+                             f"without: a built-in name or a local HF folder, run in-process (default {DEFAULT_MODEL}; "
+                             "tiny-orpheus with --tts)")
     target.add_argument("--tokenizer", default=None,
                         help="built-in name or HF folder whose vocabulary prompts are drawn from (default: --model)")
     target.add_argument("--request-timeout", type=float, default=600.0, help="seconds per HTTP request")
 
     workload = parser.add_argument_group("workload")
     workload.add_argument("--input-len", default="128", help="prompt tokens: N or LOW:HIGH (uniform)")
-    workload.add_argument("--output-len", default="128", help="max_tokens: N or LOW:HIGH (uniform)")
+    workload.add_argument("--output-len", default="128",
+                          help="max_tokens: N or LOW:HIGH (uniform); with --tts, audio-code tokens")
     workload.add_argument("--prompts-file", default=None,
                           help="prompts instead of random tokens: one per line, or JSONL with `prompt`")
     workload.add_argument("--num-requests", type=int, default=None,
@@ -78,6 +84,12 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     baseline.add_argument("--hf-warmup-batches", type=int, default=1, help="untimed batches before each mode")
     baseline.add_argument("--hf-max-batches", type=int, default=3,
                           help="timed batches per batch size, at most (0: every request, in ceil(n / c) batches)")
+
+    from omniwalk.bench.asr import add_asr_arguments   # asr.py and tts.py build on this module
+    from omniwalk.bench.tts import add_tts_arguments
+
+    add_tts_arguments(parser)
+    add_asr_arguments(parser)
 
 
 # ----------------------------------------------------------------------------- settings
@@ -227,6 +239,14 @@ def _hf_baselines(args, measured, batch_sizes) -> dict[int, dict]:
 
 
 def run_bench(args: argparse.Namespace, argv: list[str] | None = None) -> int:
+    if getattr(args, "tts", False):
+        from omniwalk.bench.tts import run_tts_bench
+
+        return run_tts_bench(args, argv)
+    if getattr(args, "asr", False):
+        from omniwalk.bench.asr import run_asr_bench
+
+        return run_asr_bench(args, argv)
     concurrencies = parse_concurrency(args.concurrency)
     if concurrencies is None:
         concurrencies = [None] if args.request_rate is not None else [1]

@@ -11,14 +11,27 @@
         await client.generate("Hello")
         async for line in client.stream("Hello"): ...
 
+    # a speech model (omniwalk serve tiny-orpheus): POST /v1/audio/speech
+    wav = client.tts("Hello there", voice="tara")                     # the whole file, bytes
+    for piece in client.tts_stream("Hello there", response_format="pcm", seed=3):
+        play(piece)     # int16 little-endian 24 kHz mono; pieces are as the transport cut them
+
+    # a Whisper model (omniwalk serve tiny-whisper): POST /v1/audio/transcriptions
+    client.transcribe("talk.flac", language="en")["text"]            # json: {"text", "usage"}
+    client.transcribe(wav_bytes, response_format="srt")               # text, srt, vtt: a str
+
 `prompt` is text or a list of token ids; every other field of the route goes in `**fields`.
 A server error (any 4xx/5xx, or an error reported on a stream after it started) raises
-`ServerError` with the HTTP status and the server's message.
+`ServerError` with the HTTP status and the server's message. A streamed audio response
+that the server broke off (its request failed after the response started) raises
+`ServerError` with status 500.
 """
 
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 from typing import Any, AsyncIterator, Iterator
 
 import httpx
@@ -67,6 +80,41 @@ def _check_line(line: dict) -> dict:
     return line
 
 
+def _speech_body(input: str, voice: str, response_format: str, stream: bool, fields: dict) -> dict:
+    return {"input": input, "voice": voice, "response_format": response_format, **fields, "stream": stream,
+            "stream_format": "audio"}
+
+
+def _transcription_form(file: bytes | str | os.PathLike, fields: dict) -> dict:
+    """httpx `files` and `data` of a POST /v1/audio/transcriptions: the audio (bytes, or a path
+    to read) and the other fields as form values (lists as `name[]`, booleans true/false)."""
+    if isinstance(file, (bytes, bytearray, memoryview)):
+        upload = ("audio", bytes(file))
+    else:
+        upload = (Path(file).name, Path(file).read_bytes())
+    data: dict[str, Any] = {}
+    for name, value in {**fields, "stream": False}.items():
+        if isinstance(value, (list, tuple)):
+            data[f"{name}[]"] = [str(v) for v in value]
+        elif isinstance(value, bool):
+            data[name] = "true" if value else "false"
+        elif value is not None:
+            data[name] = str(value)
+    return {"files": {"file": upload}, "data": data}
+
+
+def _transcription_answer(response: httpx.Response) -> dict | str:
+    if response.status_code >= 400:
+        raise _error_from(response.status_code, response.content)
+    if response.headers.get("content-type", "").startswith("application/json"):
+        return response.json()
+    return response.text
+
+
+def _broken_stream(exc: Exception) -> ServerError:
+    return ServerError(500, f"the audio stream was broken off (the request failed on the server): {exc}")
+
+
 class Client:
     """Blocking client. Use as a context manager or call `close()`."""
 
@@ -95,6 +143,34 @@ class Client:
     def chat(self, messages: list[dict], **fields) -> dict:
         """POST /v1/chat/completions (not streamed); `model` defaults to the served one."""
         return self._post("/v1/chat/completions", {"messages": messages, **fields, "stream": False})
+
+    def tts(self, input: str, voice: str = "tara", response_format: str = "wav", **fields) -> bytes:
+        """POST /v1/audio/speech: the whole audio file (wav, pcm or flac). `fields`: the
+        route's other fields (max_output_tokens, ignore_eos, temperature, top_p, seed, ...)."""
+        response = self._http.post("/v1/audio/speech", json=_speech_body(input, voice, response_format, False, fields))
+        if response.status_code >= 400:
+            raise _error_from(response.status_code, response.content)
+        return response.content
+
+    def tts_stream(self, input: str, voice: str = "tara", response_format: str = "pcm",
+                   **fields) -> Iterator[bytes]:
+        """POST /v1/audio/speech streamed (pcm, or wav with a streaming header): the file's
+        bytes as they arrive; leaving the loop early aborts the request."""
+        body = _speech_body(input, voice, response_format, True, fields)
+        with self._http.stream("POST", "/v1/audio/speech", json=body) as response:
+            if response.status_code >= 400:
+                raise _error_from(response.status_code, response.read())
+            try:
+                yield from response.iter_bytes()
+            except httpx.RemoteProtocolError as exc:
+                raise _broken_stream(exc) from exc
+
+    def transcribe(self, file: bytes | str | os.PathLike, **fields) -> dict | str:
+        """POST /v1/audio/transcriptions (not streamed): `file` is the audio (WAV, FLAC, MP3 bytes
+        or a path); `fields` the route's other fields (model, language, prompt, response_format,
+        temperature, max_output_tokens, seed). json and verbose_json give a dict, text, srt and
+        vtt a str."""
+        return _transcription_answer(self._http.post("/v1/audio/transcriptions", **_transcription_form(file, fields)))
 
     def models(self) -> list[str]:
         response = self._http.get("/v1/models")
@@ -142,6 +218,32 @@ class AsyncClient:
 
     async def chat(self, messages: list[dict], **fields) -> dict:
         return await self._post("/v1/chat/completions", {"messages": messages, **fields, "stream": False})
+
+    async def tts(self, input: str, voice: str = "tara", response_format: str = "wav", **fields) -> bytes:
+        """POST /v1/audio/speech: the whole audio file (see Client.tts)."""
+        body = _speech_body(input, voice, response_format, False, fields)
+        response = await self._http.post("/v1/audio/speech", json=body)
+        if response.status_code >= 400:
+            raise _error_from(response.status_code, response.content)
+        return response.content
+
+    async def tts_stream(self, input: str, voice: str = "tara", response_format: str = "pcm",
+                         **fields) -> AsyncIterator[bytes]:
+        """POST /v1/audio/speech streamed: the file's bytes as they arrive (see Client.tts_stream)."""
+        body = _speech_body(input, voice, response_format, True, fields)
+        async with self._http.stream("POST", "/v1/audio/speech", json=body) as response:
+            if response.status_code >= 400:
+                raise _error_from(response.status_code, await response.aread())
+            try:
+                async for piece in response.aiter_bytes():
+                    yield piece
+            except httpx.RemoteProtocolError as exc:
+                raise _broken_stream(exc) from exc
+
+    async def transcribe(self, file: bytes | str | os.PathLike, **fields) -> dict | str:
+        """POST /v1/audio/transcriptions (see Client.transcribe)."""
+        form = _transcription_form(file, fields)
+        return _transcription_answer(await self._http.post("/v1/audio/transcriptions", **form))
 
     async def models(self) -> list[str]:
         response = await self._http.get("/v1/models")

@@ -1,7 +1,8 @@
 """What every generating route shares: submitting engine requests, merging their chunks,
 collecting results, and aborting on client disconnect.
 
-One HTTP request becomes one or more engine requests (OpenAI's `n` and batched prompts).
+One HTTP request becomes one or more engine requests (OpenAI's `n` and batched prompts;
+text by `engine.submit`, other kinds, such as speech, by the `submit` a route passes).
 They are submitted together (all or none: a later one that is refused aborts the earlier
 ones), and their chunks are merged in arrival order as `(index, chunk)`:
 
@@ -20,7 +21,7 @@ import asyncio
 import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import AsyncIterator
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -39,9 +40,14 @@ class ServerContext:
     engine: Engine
     metrics: ServerMetrics
     model_name: str                                        # what `model` must say on /v1 routes
+    produces_speech: bool = False                          # a speech model: no text routes
     created: int = field(default_factory=lambda: int(time.time()))
 
     def submit(self, requests: list[GenerationRequest], request_id: str) -> "Generation":
+        """Text generations (the completion routes)."""
+        if self.produces_speech:
+            raise ApiError(404, f"model {self.model_name!r} produces speech, not text: use POST /v1/audio/speech",
+                           "model")
         return Generation(self, requests, request_id)
 
 
@@ -65,20 +71,25 @@ class Collected:
             self.error = chunk.error
 
 
-class Generation:
-    """The engine requests of one HTTP request."""
+#: submits one engine request: (request, request id, event loop) -> its stream
+Submit = Callable[[Any, str, asyncio.AbstractEventLoop], RequestStream]
 
-    def __init__(self, ctx: ServerContext, requests: list[GenerationRequest], request_id: str):
+
+class Generation:
+    """The engine requests of one HTTP request (text by default; `submit` for other kinds)."""
+
+    def __init__(self, ctx: ServerContext, requests: list, request_id: str, submit: Submit | None = None):
         if not ctx.engine.is_alive:
             raise ApiError(503, f"the engine is not running ({ctx.engine.loop_error!r})")
         start = time.monotonic()
         loop = asyncio.get_running_loop()
         self.request_id = request_id
         self.streams: list[RequestStream] = []
+        submit = submit or (lambda request, sub_id, loop: ctx.engine.submit(request, sub_id, loop=loop))
         try:
             for index, request in enumerate(requests):
                 sub_id = request_id if len(requests) == 1 else f"{request_id}-{index}"
-                self.streams.append(ctx.engine.submit(request, sub_id, loop=loop))
+                self.streams.append(submit(request, sub_id, loop))
         except BaseException as exc:
             for stream in self.streams:
                 stream.abort()
@@ -90,7 +101,7 @@ class Generation:
                 raise ApiError(503, str(exc)) from None
             raise
         self.records: list[RequestRecord] = [
-            ctx.metrics.track(len(stream.prompt_token_ids), start) for stream in self.streams
+            ctx.metrics.track(len(stream.prompt_token_ids or ()), start) for stream in self.streams
         ]
 
     def prompt_token_ids(self, index: int) -> list[int]:
@@ -147,9 +158,11 @@ class ClientDisconnected(Exception):
     """The client of a non-streamed request went away; its engine requests were aborted."""
 
 
-async def until_disconnected(request: Request, generation: Generation) -> list[Collected]:
-    """The results of `generation`; if the client disconnects first, abort it instead."""
-    task = asyncio.ensure_future(generation.results())
+async def until_disconnected(request: Request, generation: Generation,
+                             collect: Callable[[], Awaitable[Any]] | None = None) -> Any:
+    """The results of `generation` (`collect()`, by default `generation.results()`); if the
+    client disconnects first, abort it instead."""
+    task = asyncio.ensure_future(collect() if collect is not None else generation.results())
     watcher = asyncio.ensure_future(_wait_for_disconnect(request))
     try:
         done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)

@@ -12,6 +12,8 @@ Streamed answer (`"stream": true`): NDJSON, one line per engine chunk
 
 The joined `text` of the lines equals the non-streamed text, and the joined `token_ids`
 the non-streamed ids, for the same request and seed.
+
+On a speech model `build_app` registers speech.py's /generate instead (audio as base64 PCM).
 """
 
 from __future__ import annotations

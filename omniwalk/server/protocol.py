@@ -189,3 +189,45 @@ class ChatCompletionRequest(_OpenAISampling):
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
 
+
+# ----------------------------------------------------------------------------- speech
+
+
+class VoiceRef(_Strict):
+    """OpenAI's voice object form, `{"id": "tara"}`."""
+
+    id: str
+
+
+class _SpeechSampling(_Strict):
+    """Generation fields of the speech routes; None: the model's default (SpeechRequest's)."""
+
+    voice: str | VoiceRef | None = "tara"      # None: no voice prefix (pretrained checkpoints)
+    max_output_tokens: int | None = None       # audio-code tokens, 7 per frame
+    ignore_eos: bool = False
+    temperature: float | None = None
+    top_p: float | None = None
+    repetition_penalty: float | None = None
+    seed: int | None = None
+
+    def voice_name(self) -> str | None:
+        return self.voice.id if isinstance(self.voice, VoiceRef) else self.voice
+
+
+class SpeechBody(_SpeechSampling):
+    """POST /v1/audio/speech (OpenAI's body plus the generation fields of /generate)."""
+
+    model: str | None = None                   # must name the served model when given
+    input: str
+    response_format: str = "wav"               # wav | pcm | flac
+    speed: float = 1.0                         # only 1.0 is implemented
+    instructions: str | None = None            # not implemented: 400 when set
+    stream: bool = False
+    stream_format: Literal["audio", "sse"] = "audio"
+
+
+class GenerateSpeechRequest(_SpeechSampling):
+    """POST /generate on a speech model: `prompt` is the text to speak."""
+
+    prompt: str
+    stream: bool = False

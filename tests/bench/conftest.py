@@ -83,3 +83,16 @@ def tiny_server(tiny_engine):
 
     with serve_app(build_app(tiny_engine)) as url:
         yield url
+
+
+@pytest.fixture(scope="module")
+def orpheus_server():
+    """The real omniwalk server on tiny-orpheus (text to speech) over HTTP."""
+    from omniwalk.server.app import build_app
+
+    engine = Engine(EngineArgs("tiny-orpheus"))
+    try:
+        with serve_app(build_app(engine)) as url:
+            yield url
+    finally:
+        engine.shutdown()

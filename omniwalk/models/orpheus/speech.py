@@ -119,6 +119,12 @@ class SpeechOutputProcessor:
                                       complete_frames(self.num_codes), self.num_samples)
         return chunk
 
+    def error_chunk(self, message: str) -> SpeechChunk:
+        """The final chunk when processing this request's output failed (Engine._fail)."""
+        return SpeechChunk(self.request_id, b"", finished=True, finish_reason="error", error=message,
+                           usage=SpeechUsage(self.prompt_tokens, self.num_ids, self.num_codes,
+                                             complete_frames(self.num_codes), self.num_samples))
+
 
 def speech_prompt(engine, request: SpeechRequest) -> list[int]:
     """Framed prompt ids: [start_of_human] bos "voice: text" [eot end_of_human start_of_ai start_of_speech]."""

@@ -23,7 +23,9 @@ def decode_audio(data: bytes, sampling_rate: int) -> np.ndarray:
     try:
         samples, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
     except Exception as exc:   # soundfile raises LibsndfileError / RuntimeError / TypeError by cause
-        raise ValueError(f"could not decode the audio file (WAV, FLAC, MP3 or OGG expected): {exc}") from None
+        # soundfile's message names an in-memory object; the client only needs the reason
+        reason = str(exc).split(": ", 1)[-1] if "BytesIO" in str(exc) else str(exc)
+        raise ValueError(f"could not decode the audio file (WAV, FLAC, MP3 or OGG expected): {reason}") from None
     mono = samples.mean(axis=1) if samples.shape[1] > 1 else samples[:, 0]
     return resample(mono, rate, sampling_rate)
 

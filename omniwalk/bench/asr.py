@@ -1,0 +1,184 @@
+"""`omniwalk bench --asr`: load an in-process Whisper engine with synthetic clips and report
+requests/s and real-time factors.
+
+    omniwalk bench --asr --model benchmarks/whisper-large-v3 --load-format dummy \\
+        --concurrency 1,16,64 --num-requests 64 --audio-seconds 30 --output-len 200
+
+Each request is one clip of `--audio-seconds` seconds of seeded synthetic audio (tones
+and noise at 16 kHz) transcribed greedily with `max_output_tokens = --output-len`.
+Closed loop: `--concurrency` requests in flight. Definitions (printed with the results):
+
+  latency        request submitted -> final chunk (the transcript complete)
+  TTFT           request submitted -> first chunk carrying transcript ids
+  request RTF    a request's latency / its audio duration (< 1: faster than real time)
+  run RTF        the run's wall time / the audio seconds it transcribed
+  audio s / s    audio seconds transcribed per wall second, all requests together
+  output tokens  transcript ids the engine returned (no re-tokenization)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shlex
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from omniwalk.bench.cli import _engine_args, parse_concurrency
+from omniwalk.bench.report import failure_banner, machine_info, now_iso, write_json
+
+SAMPLE_RATE = 16000
+
+ASR_DEFINITIONS = {
+    "latency": "request submitted -> final chunk (the transcript complete)",
+    "ttft": "request submitted -> first chunk carrying transcript ids",
+    "request_rtf": "a request's latency / its audio duration (< 1: faster than real time)",
+    "run_rtf": "the run's wall time / the audio seconds it transcribed",
+    "audio_seconds_per_second": "audio seconds transcribed per wall second, all requests together",
+    "output_tokens": "transcript ids the engine returned (no re-tokenization)",
+}
+
+
+def add_asr_arguments(parser: argparse.ArgumentParser) -> None:
+    asr = parser.add_argument_group("speech recognition")
+    asr.add_argument("--asr", action="store_true",
+                     help="ASR mode (in-process Whisper): synthetic clips, --output-len is max_output_tokens")
+    asr.add_argument("--audio-seconds", type=float, default=30.0, help="--asr: seconds of audio per request")
+
+
+def synthetic_clip(seconds: float, seed: list[int]) -> np.ndarray:
+    """Seeded tones with a chirp and noise: deterministic, speech-band, float32 mono 16 kHz."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(seconds * SAMPLE_RATE)) / SAMPLE_RATE
+    tones = sum(rng.uniform(0.05, 0.2) * np.sin(2 * np.pi * rng.uniform(100, 3000) * t) for _ in range(3))
+    chirp = 0.1 * np.sin(2 * np.pi * (200 + 300 * t) * t)
+    return (tones + chirp + 0.02 * rng.standard_normal(t.shape)).astype(np.float32)
+
+
+@dataclass
+class ASRRecord:
+    index: int
+    audio_seconds: float
+    send_time: float = 0.0
+    first_token_time: float | None = None
+    end_time: float | None = None
+    output_tokens: int = 0
+    finish_reason: str | None = None
+    error: str | None = None
+
+
+async def _transcribe(engine, index: int, clip: np.ndarray, max_tokens: int, seed: int) -> ASRRecord:
+    from omniwalk.models.whisper.transcribe import TranscriptionRequest, submit_transcription
+
+    record = ASRRecord(index, len(clip) / SAMPLE_RATE, send_time=time.perf_counter())
+    try:
+        stream = submit_transcription(engine, TranscriptionRequest(clip, language="en", max_output_tokens=max_tokens,
+                                                                   seed=seed), loop=asyncio.get_running_loop())
+        async for chunk in stream:
+            now = time.perf_counter()
+            if chunk.token_ids and record.first_token_time is None:
+                record.first_token_time = now
+            record.output_tokens += len(chunk.token_ids)
+            if chunk.finished:
+                record.end_time, record.finish_reason, record.error = now, chunk.finish_reason, chunk.error
+    except Exception as exc:   # counted as a failure, never hidden
+        record.error = f"{type(exc).__name__}: {exc}"
+    if record.end_time is None:
+        record.end_time = time.perf_counter()
+    return record
+
+
+async def _closed_loop(engine, clips, max_tokens: int, concurrency: int, seed: int) -> tuple[list[ASRRecord], float]:
+    slots = asyncio.Semaphore(concurrency)
+
+    async def one(index, clip):
+        async with slots:
+            return await _transcribe(engine, index, clip, max_tokens, seed + index)
+
+    start = time.perf_counter()
+    records = await asyncio.gather(*(one(i, clip) for i, clip in enumerate(clips)))
+    return list(records), time.perf_counter() - start
+
+
+def _percentiles(values: list[float]) -> dict:
+    if not values:
+        return {}
+    array = np.asarray(values)
+    return {"mean": float(array.mean()), "p50": float(np.percentile(array, 50)),
+            "p90": float(np.percentile(array, 90)), "p99": float(np.percentile(array, 99))}
+
+
+def summarize(records: list[ASRRecord], duration: float) -> dict:
+    ok = [r for r in records if r.error is None and r.finish_reason in ("length", "stop")]
+    audio = sum(r.audio_seconds for r in ok)
+    return {
+        "num_requests": len(records), "num_completed": len(ok), "num_failed": len(records) - len(ok),
+        "failures": [r.error or f"finish_reason {r.finish_reason}" for r in records if r not in ok][:20],
+        "duration_s": duration, "audio_seconds": audio, "output_tokens": sum(r.output_tokens for r in ok),
+        "request_throughput": len(ok) / duration, "audio_seconds_per_second": audio / duration,
+        "run_rtf": duration / audio if audio else None,
+        "latency_ms": _percentiles([(r.end_time - r.send_time) * 1e3 for r in ok]),
+        "ttft_ms": _percentiles([(r.first_token_time - r.send_time) * 1e3 for r in ok if r.first_token_time]),
+        "request_rtf": _percentiles([(r.end_time - r.send_time) / r.audio_seconds for r in ok]),
+    }
+
+
+def _format(label: str, s: dict) -> str:
+    lines = [f"==== omniwalk bench --asr: {label} ".ljust(80, "="),
+             f"  requests              {s['num_requests']} sent, {s['num_completed']} completed, {s['num_failed']} failed",
+             f"  duration              {s['duration_s']:.3f} s for {s['audio_seconds']:.1f} s of audio",
+             f"  request throughput    {s['request_throughput']:.2f} req/s",
+             f"  audio s / s           {s['audio_seconds_per_second']:.1f}   (run RTF {s['run_rtf'] or 0:.4f})",
+             f"  output tokens         {s['output_tokens']}"]
+    for name, key in (("latency (ms)", "latency_ms"), ("TTFT (ms)", "ttft_ms"), ("request RTF", "request_rtf")):
+        p = s[key]
+        if p:
+            lines.append(f"  {name:<20}  mean {p['mean']:.4g}  p50 {p['p50']:.4g}  p90 {p['p90']:.4g}  p99 {p['p99']:.4g}")
+    return "\n".join(lines)
+
+
+def run_asr_bench(args: argparse.Namespace, argv: list[str] | None = None) -> int:
+    """`omniwalk bench --asr`: 0, or 1 when any request failed."""
+    from omniwalk.api import Engine
+
+    if args.url:
+        raise ValueError("--asr runs in-process: give --model, not --url")
+    concurrencies = parse_concurrency(args.concurrency) or [1]
+    num = args.num_requests or 16
+    max_tokens = int(str(args.output_len).split(":")[0])
+    clips = [synthetic_clip(args.audio_seconds, [args.seed, 0, i]) for i in range(num)]
+    warmup = [synthetic_clip(args.audio_seconds, [args.seed, 1, i]) for i in range(args.warmup)]
+    runs = []
+    engine = Engine(_engine_args(args))
+    try:
+        print(f"target: in-process {engine.loaded.name} ({engine.loaded.dtype}, {engine.loaded.device})", flush=True)
+        for concurrency in concurrencies:
+            if warmup:
+                asyncio.run(_closed_loop(engine, warmup, max_tokens, concurrency, args.seed + 7919))
+            records, duration = asyncio.run(_closed_loop(engine, clips, max_tokens, concurrency, args.seed))
+            summary = summarize(records, duration)
+            print(_format(f"c={concurrency}, closed loop", summary), flush=True)
+            runs.append({"concurrency": concurrency, "summary": summary})
+        engine_args = asdict(engine.args)
+    finally:
+        engine.shutdown()
+    print("definitions:\n" + "\n".join(f"  {k:<26} {v}" for k, v in ASR_DEFINITIONS.items()))
+    failed = sum(r["summary"]["num_failed"] for r in runs)
+    if args.json:
+        argv = list(sys.argv[1:] if argv is None else argv)
+        write_json(args.json, {
+            "command": "omniwalk " + shlex.join(argv), "argv": argv, "date": now_iso(), "mode": "asr",
+            "machine": machine_info(), "config": {"engine_args": engine_args, "audio_seconds": args.audio_seconds,
+                                                  "max_output_tokens": max_tokens, "num_requests": num,
+                                                  "warmup": args.warmup, "seed": args.seed},
+            "definitions": ASR_DEFINITIONS, "failed": failed > 0, "num_failed": failed, "runs": runs,
+        })
+    if failed:
+        banner = failure_banner(failed, sum(r["summary"]["num_requests"] for r in runs), "see the failures above")
+        print(banner, flush=True)
+        print(banner, file=sys.stderr)
+        return 1
+    return 0

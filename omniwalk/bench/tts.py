@@ -1,0 +1,178 @@
+"""`omniwalk bench --tts`: load a speech server (or an in-process speech engine) and report
+time to first audio, real-time factor, audio throughput and streaming viability.
+
+    omniwalk bench --tts --url http://127.0.0.1:8000 --concurrency 1,16,64 --output-len 700 \\
+        --num-requests 128 --ignore-eos --json tts.json
+    omniwalk bench --tts --model tiny-orpheus --concurrency 8 --output-len 28:210 --ignore-eos
+
+Over HTTP each request is a POST /v1/audio/speech with stream_format=sse (base64 PCM
+deltas, then speech.audio.done with the usage); without --url the model runs in-process
+through `submit_speech`. `--output-len` is max_output_tokens: audio-code tokens, 7 per
+frame (2048 samples = 85.3 ms of 24 kHz audio per frame for Orpheus). Texts come from
+`--prompts-file` (one per line) or a built-in list; each request's seed is drawn from
+`--seed`, so a run is reproducible. The figures are defined in `tts_metrics.py`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import shlex
+import sys
+from dataclasses import asdict
+
+import numpy as np
+
+from omniwalk.bench.backends import served_model_name
+from omniwalk.bench.cli import _arrival_label, _engine_args, parse_concurrency
+from omniwalk.bench.report import failure_banner, machine_info, now_iso, write_json
+from omniwalk.bench.runner import PhaseResult, Progress, run_phase
+from omniwalk.bench.tts_backends import InProcessSpeechBackend, SpeechSSEBackend, TTSRequest
+from omniwalk.bench.tts_metrics import TTS_DEFINITIONS, format_tts_definitions, format_tts_summary, summarize_tts
+from omniwalk.bench.workload import MEASURED, WARMUP, LengthRange, arrival_gaps, read_prompts
+
+DEFAULT_TTS_MODEL = "tiny-orpheus"
+DEFAULT_TTS_REQUESTS = 32
+
+TEXTS = (
+    "The river ran past the old mill, and the miller's daughter counted the boats.",
+    "Please hold while I transfer your call to the next available agent.",
+    "It was the best of times, it was the worst of times.",
+    "Turn left at the second light, then keep going until you see the bakery.",
+    "Tomorrow will be cloudy in the morning, with sunshine and a light breeze by the afternoon.",
+    "Could you read that number back to me, one digit at a time?",
+    "The quick brown fox jumps over the lazy dog.",
+    "Thanks for waiting. Your order has shipped and should arrive on Thursday.",
+)
+
+
+def add_tts_arguments(parser: argparse.ArgumentParser) -> None:
+    tts = parser.add_argument_group("text to speech")
+    tts.add_argument("--tts", action="store_true",
+                     help="TTS mode: /v1/audio/speech with stream_format=sse (or in-process submit_speech); "
+                          "--output-len is then max_output_tokens in audio codes, --prompts-file the texts")
+    tts.add_argument("--voice", default="tara", help="--tts: the voice of every request")
+
+
+def tts_requests(num: int, output_len: LengthRange, seed: int, stream: int = MEASURED,
+                 texts: list[str] | None = None) -> list[TTSRequest]:
+    """Texts in order (cycled to `num`; warmup from the end of the list), seeded budgets and seeds."""
+    texts = list(texts or TEXTS)
+    rng = np.random.default_rng([seed, stream])
+    order = range(num) if stream == MEASURED else range(len(texts) - 1, len(texts) - 1 - num, -1)
+    return [TTSRequest(index, texts[i % len(texts)], output_len.draw(rng), int(rng.integers(2**31)))
+            for index, i in enumerate(order)]
+
+
+def _texts(args: argparse.Namespace) -> list[str] | None:
+    if not args.prompts_file:
+        return None
+    texts = read_prompts(args.prompts_file)
+    if not all(isinstance(t, str) for t in texts):
+        raise ValueError("--tts needs text prompts, not token ids")
+    return texts
+
+
+@contextlib.contextmanager
+def tts_backend_factory(args: argparse.Namespace):
+    """Yields (description, engine or None, a function making a fresh backend inside an event loop)."""
+    if args.url:
+        def make():
+            return SpeechSSEBackend(args.url, args.model, args.voice, args.ignore_eos, args.request_timeout)
+        yield f"{args.url} /v1/audio/speech (sse), model {args.model!r}", None, make
+        return
+    from omniwalk.api import Engine
+
+    engine = Engine(_engine_args(args))
+    try:
+        loaded = engine.loaded
+        yield (f"in-process {loaded.name} speech ({loaded.dtype}, {loaded.device}, max_num_seqs "
+               f"{engine.args.max_num_seqs})", engine, lambda: InProcessSpeechBackend(engine, args.voice,
+                                                                                       args.ignore_eos))
+    finally:
+        engine.shutdown()
+
+
+async def _phases(make_backend, warmup, measured, gaps, concurrency, label, show_progress):
+    backend = make_backend()
+    try:
+        warm = None
+        if warmup:
+            warm = await run_phase(backend, warmup, [0.0] * len(warmup), concurrency or len(warmup),
+                                   Progress(f"{label} warmup", len(warmup), show_progress))
+        result = await run_phase(backend, measured, gaps, concurrency, Progress(label, len(measured), show_progress))
+    finally:
+        await backend.aclose()
+    return warm, result
+
+
+def _one_run(args, make_backend, warmup, measured, concurrency) -> dict:
+    label = _arrival_label(concurrency, args.request_rate)
+    gaps = arrival_gaps(len(measured), args.request_rate, args.seed)
+    warm, result = asyncio.run(_phases(make_backend, warmup, measured, gaps, concurrency, label,
+                                       not args.no_progress))
+    summary = summarize_tts(result.records, result.start, result.end, args.ignore_eos)
+    print(format_tts_summary(f"omniwalk bench --tts: {label}", summary), flush=True)
+    warm_summary = _warmup_summary(warm, args.ignore_eos)
+    if warm_summary and warm_summary["num_failed"]:
+        print(f"  WARMUP: {warm_summary['num_failed']} of {warm_summary['num_requests']} requests failed",
+              flush=True)
+    return {"concurrency": concurrency, "request_rate": args.request_rate, "arrivals": label,
+            "summary": summary.to_dict(), "warmup": warm_summary}
+
+
+def _warmup_summary(warm: PhaseResult | None, ignore_eos: bool) -> dict | None:
+    if warm is None:
+        return None
+    summary = summarize_tts(warm.records, warm.start, warm.end, ignore_eos)
+    return {"num_requests": summary.num_requests, "num_failed": summary.num_failed, "failures": summary.failures}
+
+
+def run_tts_bench(args: argparse.Namespace, argv: list[str] | None = None) -> int:
+    """`omniwalk bench --tts`; the exit status as `run_bench`'s: 0, or 1 when any request failed."""
+    if args.baseline is not None:
+        raise ValueError("--baseline is for text generation, not --tts")
+    concurrencies = parse_concurrency(args.concurrency)
+    if concurrencies is None:
+        concurrencies = [None] if args.request_rate is not None else [1]
+    if args.url and args.model is None:
+        args.model = served_model_name(args.url)
+    args.model = args.model or DEFAULT_TTS_MODEL
+    num = args.num_requests or DEFAULT_TTS_REQUESTS
+    if num < 1 or args.warmup < 0:
+        raise ValueError("--num-requests must be >= 1 and --warmup >= 0")
+    output_len, texts = LengthRange.parse(args.output_len), _texts(args)
+    warmup = tts_requests(args.warmup, output_len, args.seed, WARMUP, texts)
+    measured = tts_requests(num, output_len, args.seed, MEASURED, texts)
+
+    runs = []
+    with tts_backend_factory(args) as (target, engine, make_backend):
+        print(f"target: {target}", flush=True)
+        for concurrency in concurrencies:
+            runs.append(_one_run(args, make_backend, warmup, measured, concurrency))
+        engine_args = asdict(engine.args) if engine is not None else None
+
+    print(format_tts_definitions())
+    failed = sum(r["summary"]["num_failed"] + ((r["warmup"] or {}).get("num_failed") or 0) for r in runs)
+    sent = sum(r["summary"]["num_requests"] + ((r["warmup"] or {}).get("num_requests") or 0) for r in runs)
+    if args.json:
+        argv = list(sys.argv[1:] if argv is None else argv)
+        write_json(args.json, {
+            "command": "omniwalk " + shlex.join(argv), "argv": argv, "date": now_iso(), "mode": "tts",
+            "machine": machine_info(), "config": {
+                "target": target, "url": args.url, "model": args.model, "engine_args": engine_args,
+                "voice": args.voice, "output_len": args.output_len, "prompts_file": args.prompts_file,
+                "num_requests": num, "warmup": args.warmup, "seed": args.seed, "ignore_eos": args.ignore_eos,
+                "concurrency": concurrencies, "request_rate": args.request_rate,
+            },
+            "definitions": TTS_DEFINITIONS, "failed": failed > 0, "num_failed": failed, "runs": runs,
+        })
+    if failed:
+        banner = failure_banner(failed, sent, ", ".join(
+            f"{r['arrivals']}: {r['summary']['num_errors']} errors, {r['summary']['num_budget_violations']} "
+            f"budget violations" for r in runs))
+        print(banner, flush=True)
+        print(banner, file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,404 @@
+"""Speech recognition route of a Whisper model: POST /v1/audio/transcriptions.
+
+A thin layer on `omniwalk.models.whisper.transcribe` (`submit_transcription`); `build_app`
+registers it only when the served model is a `WhisperTranscriptionModel`. Any other model
+answers it with 404 "model ... does not transcribe speech".
+
+Request: multipart/form-data (OpenAI's form plus two extensions)
+
+    file               the audio: WAV, FLAC, MP3 or OGG bytes (decoded by soundfile, mixed to
+                       mono, resampled to 16 kHz)                                   required
+    model              must name the served model when given (else 404)
+    language           "en", "english" or "<|en|>"; absent: detected from the first window
+    prompt             previous text every window is conditioned on
+    response_format    json (default) | text | verbose_json | srt | vtt
+    temperature        0 (default): greedy
+    stream             true: SSE (response_format json or text only)
+    timestamp_granularities[]   only "segment" (what verbose_json gives anyway)
+    max_output_tokens  extension: the transcript budget N (exactly N tokens unless the EOS
+                       stops it first; the stopping EOS counts). Default: all the windows hold
+    seed               extension: the sampling seed (temperature > 0)
+
+  An empty value is the field not given (HTML forms send empty fields). Unknown fields, a
+  field given twice, a wrong type, unreadable or empty audio: 400 in the OpenAI envelope.
+  OpenAI fields that would change the output and are not implemented (include[],
+  chunking_strategy, word timestamps, ...) are a 400 when set, never silently ignored.
+
+Responses (not streamed); every one carries the headers X-Request-Id, X-Finish-Reason
+("length" | "stop") and X-Usage-Output-Tokens:
+
+    json          {"text", "usage"}
+    text          text/plain: the text
+    verbose_json  {"task": "transcribe", "language" (a name: "english"), "duration" (seconds),
+                   "text", "segments": [{"id", "seek", "start", "end", "text", "tokens",
+                   "temperature"}], "usage"}
+    srt, vtt      subtitles from the same segments (text/plain; text/vtt)
+
+  usage: {"type": "tokens" ("duration" in verbose_json, as OpenAI), "input_tokens",
+  "input_token_details": {"audio_tokens"}, "output_tokens", "total_tokens", "seconds",
+  "windows", "finish_reason"}. output_tokens counts the transcript tokens as the budget
+  does (the stopping EOS included); input_tokens are the encoder positions of the audio
+  (windows * max_source_positions: 1500 per window); the forced decoder prompt is not counted.
+
+Timing granularity: one segment per 30 s window of the audio (transcribe.py), start/end
+the window's span (the last one ends at the audio's duration); a window that produced no
+token has no segment. Whisper's timestamp tokens are not decoded (the forced prompt asks
+for no timestamps), so srt/vtt have one cue per window with text, never finer. A cue's text
+is the segment's text with each line stripped and blank lines dropped (a blank line would
+end the cue); srt writes "-->" as "->", vtt escapes &, < and >.
+
+Streamed (stream=true): text/event-stream, as OpenAI's streaming transcription
+
+    data: {"type": "transcript.text.delta", "delta": "..."}      one per engine step with text
+    data: {"type": "transcript.text.done", "text": "...", "usage": {... as json}}
+    data: [DONE]
+    or, when the request failed after the stream started, instead of the done event:
+    data: {"type": "error", "error": {"message", "type", "param", "code"}}
+
+  The deltas joined equal the done event's text and the non-streamed text of the same
+  request and seed. A client that disconnects (streamed or not) aborts its request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import math
+import uuid
+from dataclasses import dataclass
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from starlette.datastructures import UploadFile
+
+from omniwalk.models.whisper.audio import load_audio
+from omniwalk.models.whisper.model import WhisperTranscriptionModel
+from omniwalk.models.whisper.transcribe import (
+    TranscriptionRequest, TranscriptionResult, TranscriptionUsage, TranscriptSegment, submit_transcription,
+)
+from omniwalk.server.generation import (
+    AbortingStreamingResponse, ClientDisconnected, Generation, ServerContext, disconnected_response,
+    until_disconnected,
+)
+from omniwalk.server.protocol import ApiError, error_body
+
+FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
+STREAMABLE_FORMATS = ("json", "text")
+OUTPUT_REASONS = ("length", "stop")
+
+#: the form fields the route reads, with what the OpenAPI schema says of them
+FIELDS = {
+    "file": "the audio file: WAV, FLAC, MP3 or OGG",
+    "model": "the served model's name",
+    "language": "the spoken language (ISO-639-1 code or name); absent: detected",
+    "prompt": "previous text to condition the transcript on",
+    "response_format": "json | text | verbose_json | srt | vtt",
+    "temperature": "sampling temperature; 0: greedy",
+    "stream": "true: server-sent transcript.text.delta events (json and text only)",
+    "timestamp_granularities[]": "only segment",
+    "max_output_tokens": "extension: the transcript token budget",
+    "seed": "extension: the sampling seed",
+}
+#: OpenAI fields omniwalk does not implement: a 400 when set
+UNSUPPORTED = ("include[]", "chunking_strategy", "known_speaker_names[]", "known_speaker_references[]")
+ARRAY_FIELDS = ("timestamp_granularities[]",)
+
+
+def is_transcription_model(engine) -> bool:
+    return isinstance(engine.model, WhisperTranscriptionModel)
+
+
+# ----------------------------------------------------------------------------- routers
+
+
+def transcription_router(ctx: ServerContext) -> APIRouter:
+    """POST /v1/audio/transcriptions on a Whisper model."""
+    router = APIRouter(prefix="/v1")
+    model: WhisperTranscriptionModel = ctx.engine.model
+    positions = model.config.max_source_positions   # encoder positions of one window
+
+    @router.post("/audio/transcriptions", openapi_extra=_openapi_form())
+    async def transcriptions(request: Request):
+        form = await read_form(request)
+        _check_form(ctx, form)
+        transcription = form.request()                       # cheap checks before decoding
+        samples = await _decode(form.audio, model.sampling_rate)
+        generation = _submit(ctx, dataclasses.replace(transcription, audio=samples), f"trsc-{uuid.uuid4().hex}")
+        if form.stream:
+            headers = {"Cache-Control": "no-cache", "X-Request-Id": generation.request_id}
+            return AbortingStreamingResponse(_sse_events(generation, positions), generation,
+                                             media_type="text/event-stream", headers=headers)
+        try:
+            result = await until_disconnected(request, generation, lambda: collect(generation))
+        except ClientDisconnected:
+            return disconnected_response()
+        if result.finish_reason not in OUTPUT_REASONS:
+            raise ApiError(500, result.error or f"the request ended with {result.finish_reason}")
+        return render(result, form, positions)
+
+    return router
+
+
+def no_transcription_router(ctx: ServerContext) -> APIRouter:
+    """POST /v1/audio/transcriptions on a model that is not Whisper: 404 in the OpenAI envelope."""
+    router = APIRouter(prefix="/v1")
+
+    @router.post("/audio/transcriptions")
+    async def transcriptions():
+        raise ApiError(404, f"model {ctx.model_name!r} does not transcribe speech", "model")
+
+    return router
+
+
+# ----------------------------------------------------------------------------- the form
+
+
+@dataclass(frozen=True)
+class TranscriptionForm:
+    """The fields of one request, parsed and type-checked (values are checked by the model)."""
+
+    audio: bytes
+    model: str | None = None
+    language: str | None = None
+    prompt: str | None = None
+    response_format: str = "json"
+    temperature: float = 0.0
+    stream: bool = False
+    max_output_tokens: int | None = None
+    seed: int | None = None
+
+    def request(self) -> TranscriptionRequest:
+        """The engine's request (audio still as file bytes); a bad value is a 400 naming its field."""
+        try:
+            return TranscriptionRequest(self.audio, language=self.language, prompt=self.prompt,
+                                        max_output_tokens=self.max_output_tokens, temperature=self.temperature,
+                                        seed=self.seed)
+        except ValueError as exc:
+            raise _bad_value(exc) from None
+
+
+async def read_form(request: Request) -> TranscriptionForm:
+    """The multipart body -> a TranscriptionForm; anything malformed is a 400."""
+    content_type = request.headers.get("content-type", "")
+    if not content_type.lower().startswith("multipart/form-data"):
+        raise ApiError(400, f"the body must be multipart/form-data with the audio in `file` (got content type "
+                            f"{content_type or 'none'!r})", "file")
+    async with request.form(max_files=1, max_fields=2 * len(FIELDS)) as form:
+        values: dict[str, list] = {}
+        for name, value in form.multi_items():
+            values.setdefault(name, []).append(value)
+        _check_names(values)
+        upload = values.pop("file", [None])[0]
+        if not isinstance(upload, UploadFile):
+            raise ApiError(400, "`file` is required: the audio as a file part of the form", "file")
+        audio = await upload.read()
+    fields = {name: _text_value(name, items) for name, items in values.items()}
+    _check_granularities(values.get("timestamp_granularities[]", []))
+    parsed = {name: value for name, value in fields.items() if value is not None and name in _PARSERS}
+    return TranscriptionForm(audio, **{name: _PARSERS[name](name, value) for name, value in parsed.items()})
+
+
+def _check_names(values: dict[str, list]) -> None:
+    for name, items in values.items():
+        if name in UNSUPPORTED:
+            raise ApiError(400, f"{name.rstrip('[]')} is not supported", name)
+        if name not in FIELDS:
+            raise ApiError(400, f"Unrecognized request argument supplied: {name}", name)
+        if len(items) > 1 and name not in ARRAY_FIELDS:
+            raise ApiError(400, f"{name} is given {len(items)} times", name)
+
+
+def _check_granularities(items: list) -> None:
+    for item in items:
+        if item not in ("segment", ""):
+            raise ApiError(400, f"timestamp_granularities {item!r} is not supported; only segment (one per 30 s "
+                                "window)", "timestamp_granularities[]")
+
+
+def _text_value(name: str, items: list) -> str | None:
+    """A text field's value; None when empty (not given)."""
+    if any(not isinstance(item, str) for item in items):
+        raise ApiError(400, f"{name} must be a text field of the form, not a file", name)
+    return items[0] if items and items[0] != "" else None
+
+
+def _as_str(name: str, value: str) -> str:
+    return value
+
+
+def _as_int(name: str, value: str) -> int:
+    try:
+        return int(value.strip(), 10)
+    except ValueError:
+        raise ApiError(400, f"{name} must be an integer, got {value!r}", name) from None
+
+
+def _as_float(name: str, value: str) -> float:
+    try:
+        number = float(value.strip())
+    except ValueError:
+        number = math.nan
+    if not math.isfinite(number):
+        raise ApiError(400, f"{name} must be a finite number, got {value!r}", name)
+    return number
+
+
+def _as_bool(name: str, value: str) -> bool:
+    text = value.strip().lower()
+    if text not in ("true", "false"):
+        raise ApiError(400, f"{name} must be true or false, got {value!r}", name)
+    return text == "true"
+
+
+_PARSERS = {"model": _as_str, "language": _as_str, "prompt": _as_str, "response_format": _as_str,
+            "temperature": _as_float, "stream": _as_bool, "max_output_tokens": _as_int, "seed": _as_int}
+
+
+def _check_form(ctx: ServerContext, form: TranscriptionForm) -> None:
+    if form.model is not None and form.model != ctx.model_name:
+        raise ApiError(404, f"The model `{form.model}` does not exist.", "model")
+    if form.response_format not in FORMATS:
+        raise ApiError(400, f"response_format {form.response_format!r} is not supported; supported: "
+                            f"{', '.join(FORMATS)}", "response_format")
+    if form.stream and form.response_format not in STREAMABLE_FORMATS:
+        raise ApiError(400, f"response_format {form.response_format} cannot be streamed; stream "
+                            f"{' or '.join(STREAMABLE_FORMATS)}, or set stream false", "response_format")
+
+
+def _bad_value(exc: ValueError) -> ApiError:
+    message = str(exc)
+    param = next((name for name in ("max_output_tokens", "temperature", "seed", "language", "prompt")
+                  if name in message), None)
+    if param is None and ("language" in message.lower() or "English-only" in message):
+        param = "language"
+    return ApiError(400, message, param)
+
+
+async def _decode(audio: bytes, sampling_rate: int):
+    """File bytes -> 16 kHz samples, off the event loop (MP3 and long files take a while)."""
+    try:
+        return await asyncio.to_thread(load_audio, audio, sampling_rate)
+    except ValueError as exc:
+        raise ApiError(400, str(exc), "file") from None
+
+
+def _openapi_form() -> dict:
+    properties = {name: {"type": "string", "description": text} for name, text in FIELDS.items()}
+    properties["file"]["format"] = "binary"
+    schema = {"type": "object", "required": ["file"], "properties": properties}
+    return {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": schema}}}}
+
+
+# ----------------------------------------------------------------------------- running it
+
+
+def _submit(ctx: ServerContext, request: TranscriptionRequest, request_id: str) -> Generation:
+    def submit(transcription: TranscriptionRequest, sub_id: str, loop):
+        try:
+            return submit_transcription(ctx.engine, transcription, loop, sub_id)
+        except ValueError as exc:
+            raise _bad_value(exc) from None
+    return Generation(ctx, [request], request_id, submit)
+
+
+async def collect(generation: Generation) -> TranscriptionResult:
+    """Every chunk of a one-request transcription Generation, joined (what the stream carries)."""
+    texts, ids, last = [], [], None
+    async with contextlib.aclosing(generation.chunks()) as chunks:
+        async for _, last in chunks:
+            texts.append(last.text)
+            ids += last.token_ids
+    return TranscriptionResult(generation.request_id, "".join(texts), ids, last.language, last.usage.audio_seconds,
+                               last.segments or [], last.finish_reason, last.usage, last.error)
+
+
+async def _sse_events(generation: Generation, positions: int):
+    texts = []
+    async with contextlib.aclosing(generation.chunks()) as chunks:
+        async for _, chunk in chunks:
+            if chunk.text:
+                texts.append(chunk.text)
+                yield _sse({"type": "transcript.text.delta", "delta": chunk.text})
+            if not chunk.finished:
+                continue
+            if chunk.finish_reason in OUTPUT_REASONS:
+                yield _sse({"type": "transcript.text.done", "text": "".join(texts),
+                            "usage": usage_json(chunk.usage, chunk.finish_reason, positions)})
+            else:
+                yield _sse({"type": "error",
+                            **error_body(500, chunk.error or f"the request ended with {chunk.finish_reason}")})
+    yield "data: [DONE]\n\n"
+
+
+def _sse(payload: dict) -> str:
+    return f"data: {json.dumps(payload)}\n\n"
+
+
+# ----------------------------------------------------------------------------- responses
+
+
+def render(result: TranscriptionResult, form: TranscriptionForm, positions: int) -> Response:
+    """The non-streamed answer in `form.response_format`."""
+    headers = {"X-Request-Id": result.request_id, "X-Finish-Reason": result.finish_reason,
+               "X-Usage-Output-Tokens": str(result.usage.output_tokens)}
+    fmt = form.response_format
+    if fmt == "json":
+        return JSONResponse({"text": result.text, "usage": usage_json(result.usage, result.finish_reason, positions)},
+                            headers=headers)
+    if fmt == "verbose_json":
+        return JSONResponse(verbose_json(result, form.temperature, positions), headers=headers)
+    if fmt == "text":
+        return PlainTextResponse(result.text, headers=headers)
+    if fmt == "srt":
+        return PlainTextResponse(srt(result.segments), headers=headers)
+    return PlainTextResponse(vtt(result.segments), media_type="text/vtt", headers=headers)
+
+
+def usage_json(usage: TranscriptionUsage, finish_reason: str, positions: int, kind: str = "tokens") -> dict:
+    audio_tokens = usage.windows * positions
+    return {"type": kind, "input_tokens": audio_tokens, "input_token_details": {"audio_tokens": audio_tokens},
+            "output_tokens": usage.output_tokens, "total_tokens": audio_tokens + usage.output_tokens,
+            "seconds": usage.audio_seconds, "windows": usage.windows, "finish_reason": finish_reason}
+
+
+#: mel frames per second of audio (Whisper's hop of 160 samples at 16 kHz): `seek` is in frames, as openai-whisper's
+FRAMES_PER_SECOND = 100
+
+
+def verbose_json(result: TranscriptionResult, temperature: float, positions: int) -> dict:
+    segments = [{"id": i, "seek": round(s.start * FRAMES_PER_SECOND), "start": s.start, "end": s.end,
+                 "text": s.text, "tokens": s.token_ids, "temperature": temperature}
+                for i, s in enumerate(result.segments)]
+    return {"task": "transcribe", "language": result.language_name or result.language or "unknown",
+            "duration": result.duration, "text": result.text, "segments": segments,
+            "usage": usage_json(result.usage, result.finish_reason, positions, kind="duration")}
+
+
+def srt(segments: list[TranscriptSegment]) -> str:
+    """SubRip: numbered cues `HH:MM:SS,mmm --> HH:MM:SS,mmm`, one per segment with text."""
+    cues = [(s, text) for s in segments if (text := _cue_text(s.text).replace("-->", "->"))]
+    return "".join(f"{n}\n{_timestamp(s.start, ',')} --> {_timestamp(s.end, ',')}\n{text}\n\n"
+                   for n, (s, text) in enumerate(cues, start=1))
+
+
+def vtt(segments: list[TranscriptSegment]) -> str:
+    """WebVTT: the header, then cues `HH:MM:SS.mmm --> HH:MM:SS.mmm`, one per segment with text."""
+    escapes = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;"})   # also makes "-->" impossible
+    cues = [(s, text.translate(escapes)) for s in segments if (text := _cue_text(s.text))]
+    return "WEBVTT\n\n" + "".join(f"{_timestamp(s.start, '.')} --> {_timestamp(s.end, '.')}\n{text}\n\n"
+                                  for s, text in cues)
+
+
+def _cue_text(text: str) -> str:
+    """The lines of `text` stripped, blank ones dropped (a blank line would end the cue)."""
+    return "\n".join(line for line in (raw.strip() for raw in text.splitlines()) if line)
+
+
+def _timestamp(seconds: float, separator: str) -> str:
+    ms = round(seconds * 1000)
+    hours, ms = divmod(ms, 3_600_000)
+    minutes, ms = divmod(ms, 60_000)
+    secs, ms = divmod(ms, 1000)
+    return f"{hours:02d}:{minutes:02d}:{secs:02d}{separator}{ms:03d}"
