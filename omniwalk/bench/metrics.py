@@ -179,10 +179,14 @@ class RunSummary:
         return out
 
 
-def summarize(records: list[RequestRecord], start: float, end: float, ignore_eos: bool) -> RunSummary:
+def split_failures(records, find_failure, details):
+    """(completed, listed failures, error count, budget-violation count) of a run's records.
+
+    `find_failure(record)` returns None or (kind, message); `details(record)` adds fields
+    to a listed failure."""
     completed, failures, errors, violations = [], [], 0, 0
     for record in records:
-        problem = failure(record, ignore_eos)
+        problem = find_failure(record)
         if problem is None:
             completed.append(record)
             continue
@@ -192,7 +196,14 @@ def summarize(records: list[RequestRecord], start: float, end: float, ignore_eos
         if len(failures) < MAX_LISTED_FAILURES:
             failures.append({"index": record.index, "kind": kind, "message": message,
                              "http_status": record.http_status, "finish_reason": record.finish_reason,
-                             "output_tokens": record.output_tokens, "max_tokens": record.requested_output_len})
+                             **details(record)})
+    return completed, failures, errors, violations
+
+
+def summarize(records: list[RequestRecord], start: float, end: float, ignore_eos: bool) -> RunSummary:
+    completed, failures, errors, violations = split_failures(
+        records, lambda r: failure(r, ignore_eos),
+        lambda r: {"output_tokens": r.output_tokens, "max_tokens": r.requested_output_len})
     duration = max(end - start, 0.0)
     rate = (lambda amount: amount / duration) if duration > 0 else (lambda amount: 0.0)
     prompt_tokens = sum(r.prompt_len for r in completed)

@@ -25,9 +25,9 @@ from dataclasses import asdict
 import numpy as np
 
 from omniwalk.bench.backends import served_model_name
-from omniwalk.bench.cli import _arrival_label, _engine_args, parse_concurrency
+from omniwalk.bench.cli import _arrival_label, _engine_args, _phases, parse_concurrency
 from omniwalk.bench.report import failure_banner, machine_info, now_iso, write_json
-from omniwalk.bench.runner import PhaseResult, Progress, run_phase
+from omniwalk.bench.runner import PhaseResult
 from omniwalk.bench.tts_backends import InProcessSpeechBackend, SpeechSSEBackend, TTSRequest
 from omniwalk.bench.tts_metrics import TTS_DEFINITIONS, format_tts_definitions, format_tts_summary, summarize_tts
 from omniwalk.bench.workload import MEASURED, WARMUP, LengthRange, arrival_gaps, read_prompts
@@ -92,19 +92,6 @@ def tts_backend_factory(args: argparse.Namespace):
                                                                                        args.ignore_eos))
     finally:
         engine.shutdown()
-
-
-async def _phases(make_backend, warmup, measured, gaps, concurrency, label, show_progress):
-    backend = make_backend()
-    try:
-        warm = None
-        if warmup:
-            warm = await run_phase(backend, warmup, [0.0] * len(warmup), concurrency or len(warmup),
-                                   Progress(f"{label} warmup", len(warmup), show_progress))
-        result = await run_phase(backend, measured, gaps, concurrency, Progress(label, len(measured), show_progress))
-    finally:
-        await backend.aclose()
-    return warm, result
 
 
 def _one_run(args, make_backend, warmup, measured, concurrency) -> dict:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from omniwalk.bench.metrics import MAX_LISTED_FAILURES, OUTPUT_REASONS, Stats
+from omniwalk.bench.metrics import OUTPUT_REASONS, Stats, split_failures
 from omniwalk.bench.tts_backends import TTSRecord
 from omniwalk.models.orpheus.config import CODES_PER_FRAME
 
@@ -135,7 +135,7 @@ class TTSSummary:
     e2e: Stats
     rtf: Stats                         # unitless
     stall: Stats
-    failures: list[dict] = field(default_factory=list)   # the first MAX_LISTED_FAILURES
+    failures: list[dict] = field(default_factory=list)   # the first few (metrics.MAX_LISTED_FAILURES)
 
     @property
     def num_failed(self) -> int:
@@ -150,19 +150,9 @@ class TTSSummary:
 
 
 def summarize_tts(records: list[TTSRecord], start: float, end: float, ignore_eos: bool) -> TTSSummary:
-    completed, failures, errors, violations = [], [], 0, 0
-    for record in records:
-        problem = failure(record, ignore_eos)
-        if problem is None:
-            completed.append(record)
-            continue
-        kind, message = problem
-        errors += kind == "error"
-        violations += kind == "budget"
-        if len(failures) < MAX_LISTED_FAILURES:
-            failures.append({"index": record.index, "kind": kind, "message": message,
-                             "http_status": record.http_status, "finish_reason": record.finish_reason,
-                             "samples": record.samples, "max_output_tokens": record.requested_codes})
+    completed, failures, errors, violations = split_failures(
+        records, lambda r: failure(r, ignore_eos),
+        lambda r: {"samples": r.samples, "max_output_tokens": r.requested_codes})
     duration = max(end - start, 0.0)
     audio_seconds = sum(r.audio_seconds for r in completed)
     with_audio = [r for r in completed if r.arrivals]
