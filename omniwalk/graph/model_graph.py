@@ -101,6 +101,20 @@ class ModelGraph:
                 raise GraphError(f"stream {spec.name!r} budgets loop {spec.budget.loop!r}, which no walk has")
             if spec.budget.value not in emitted:
                 raise GraphError(f"stream {spec.name!r} budgets {spec.budget.value!r}, which no walk emits")
+        self._check_count_before_push()
+
+    def _check_count_before_push(self) -> None:
+        """A budgeted value is counted (and stop-checked) at its ToClient; pushed downstream
+        before that, a stop item would reach the consumer."""
+        budgeted = {s.budget.value for s in self.streams.values() if s.budget is not None}
+        for walk in self.walks.values():
+            counted: set[str] = set()
+            for edge in _iter_edges(walk.graph):
+                if isinstance(edge, ToClient):
+                    counted.add(edge.value)
+                elif isinstance(edge, ToStream) and edge.value in budgeted and edge.value not in counted:
+                    raise GraphError(f"walk {walk.name!r} pushes budgeted {edge.value!r} to stream "
+                                     f"{edge.stream!r} before its ToClient: the stop check would come too late")
 
 
 def _iter_edges(element):

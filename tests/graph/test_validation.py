@@ -90,3 +90,16 @@ def test_stream_push_needs_a_stream_edge_and_budgets_a_real_loop():
 def test_edge_reading_a_missing_value():
     with pytest.raises(GraphError, match=r"edge Keep\('nope'\) reads 'nope'"):
         ModelGraph([Walk("w", ("x",), Sequential(a, ToClient("y", "o"), Keep("nope")))], [StreamSpec("s")])
+
+
+def test_budgeted_value_must_be_counted_before_it_is_pushed():
+    lm = Node("lm", ("x",), ("code",))
+    edges = [StreamEdge("codes", "audio", FixedChunks(2))]
+    streams = [StreamSpec("codes", BudgetSpec("code", "decode")), StreamSpec("audio")]
+
+    def walks(*elements):
+        return [Walk("decode", ("x",), Loop("decode", Sequential(lm, *elements), carry={"code": "x"}))]
+
+    with pytest.raises(GraphError, match=r"pushes budgeted 'code' to stream 'audio' before its ToClient"):
+        ModelGraph(walks(ToStream("code", "audio"), ToClient("code", "codes")), streams, edges)
+    ModelGraph(walks(ToClient("code", "codes"), ToStream("code", "audio")), streams, edges)
