@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -293,16 +294,14 @@ class Sampler:
         batch, vocab = x.shape
         device = x.device
 
-        def flat_index(rows: list[int], lists: list[list[list[int]]]):
-            row_idx: list[int] = []
-            tok_idx: list[int] = []
-            for r in rows:
-                for tokens in lists:
-                    toks = tokens[r]
-                    tok_idx.extend(toks)
-                    row_idx.extend([r] * len(toks))
-            rt = torch.tensor(row_idx, dtype=torch.int64, device=device)
-            tt = torch.tensor(tok_idx, dtype=torch.int64, device=device)
+        def flat_index(rows: list[int], lists):
+            # histories may be lists or 1-D numpy arrays (no per-token Python work for those)
+            arrays = [np.asarray(tokens[r], dtype=np.int64) for r in rows for tokens in lists]
+            lengths = np.array([len(a) for a in arrays], dtype=np.int64)
+            row_of = np.repeat(np.repeat(np.asarray(rows, dtype=np.int64), len(lists)), lengths)
+            tokens = np.concatenate(arrays) if arrays else np.empty(0, dtype=np.int64)
+            rt = torch.from_numpy(row_of).to(device)
+            tt = torch.from_numpy(tokens).to(device)
             # ids outside the output vocabulary (placeholders, padded embeddings) are ignored
             ok = (tt >= 0) & (tt < vocab)
             return rt[ok], tt[ok]

@@ -470,3 +470,24 @@ def test_cpu_and_cuda_agree():
             torch.testing.assert_close(cpu.logprobs, gpu.logprobs.cpu())
     keys = [row_key(s, i) for s in range(8) for i in range(4)]
     assert torch.equal(hash_uniform(keys, 50000, "cpu"), hash_uniform(keys, 50000, "cuda").cpu())
+
+
+def test_numpy_histories_give_the_same_samples_as_lists():
+    import numpy as np
+
+    torch.manual_seed(5)
+    logits = torch.randn(4, 64)
+    params = [SamplingParams(temperature=0.0, repetition_penalty=1.3),
+              SamplingParams(temperature=0.7, presence_penalty=0.5, frequency_penalty=0.4, seed=2),
+              SamplingParams(temperature=0.0),
+              SamplingParams(temperature=1.0, repetition_penalty=0.8, frequency_penalty=-0.3, seed=3)]
+    prompts = [[1, 2, 3], [5, 5, 6], [], [63, 0]]
+    outputs = [[4, 4], [6, 7, 7, 7], [9], []]
+    sampler = Sampler()
+    as_lists = sampler(logits, params, [0, 1, 2, 3], [2, 4, 1, 0], prompts, outputs)
+    as_arrays = sampler(logits, params, [0, 1, 2, 3], [2, 4, 1, 0],
+                        [np.array(p, dtype=np.int64) for p in prompts], [np.array(o, dtype=np.int64) for o in outputs])
+    assert torch.equal(as_lists.token_ids, as_arrays.token_ids)
+    processed = sampler.process_logits(logits, params, prompts, outputs)
+    assert torch.equal(processed, sampler.process_logits(
+        logits, params, [np.array(p, dtype=np.int64) for p in prompts], [np.array(o, dtype=np.int64) for o in outputs]))

@@ -218,3 +218,19 @@ def test_greedy_ids_and_logprobs_equal_hf_generate(hf_checkpoint):
         ours = torch.tensor([lp.logprob for lp in result.logprobs])
         chosen = hf_logprobs[torch.arange(len(expected)), torch.tensor(expected)]
         assert torch.allclose(ours, chosen, atol=1e-4)
+
+
+def test_penalties_apply_and_are_batch_invariant(engine):
+    plain = GenerationRequest(prompt="the the the", max_tokens=24, ignore_eos=True,
+                              sampling=SamplingParams(temperature=0.0))
+    penalized = dataclasses.replace(plain, sampling=SamplingParams(temperature=0.0, repetition_penalty=1.8,
+                                                                   frequency_penalty=1.0))
+    [free] = engine.generate([plain])
+    [alone] = engine.generate([penalized])
+    assert alone.token_ids != free.token_ids      # the penalties change what greedy picks
+    # the same row in a batch with other penalized and plain rows gives the same ids
+    others = [dataclasses.replace(penalized, prompt=f"other {i}") for i in range(3)] + [plain]
+    batch = engine.generate(others[:2] + [penalized] + others[2:])
+    assert batch[2].token_ids == alone.token_ids
+    # a repetition penalty > 1 makes a greedy row repeat less than without it
+    assert len(set(alone.token_ids)) >= len(set(free.token_ids))
