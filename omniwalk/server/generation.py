@@ -46,7 +46,7 @@ class ServerContext:
     def submit(self, requests: list[GenerationRequest], request_id: str) -> "Generation":
         """Text generations (the completion routes)."""
         if self.produces_speech:
-            raise ApiError(404, f"model {self.model_name!r} produces speech, not text: use POST /v1/audio/speech",
+            raise ApiError(400, f"model {self.model_name!r} produces speech, not text: use POST /v1/audio/speech",
                            "model")
         return Generation(self, requests, request_id)
 

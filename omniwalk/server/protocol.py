@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 class ApiError(Exception):
     """An error answered in the OpenAI envelope: {"error": {"message", "type", "param", "code"}}."""
 
-    TYPES = {400: "BadRequestError", 404: "NotFoundError", 422: "UnprocessableEntityError",
+    TYPES = {400: "BadRequestError", 404: "NotFoundError", 413: "RequestTooLargeError", 422: "UnprocessableEntityError",
              429: "RateLimitError", 500: "InternalServerError", 503: "ServiceUnavailableError"}
 
     def __init__(self, status: int, message: str, param: str | None = None):

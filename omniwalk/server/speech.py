@@ -2,7 +2,7 @@
 
 Both are thin layers on `omniwalk.models.orpheus.speech` (`submit_speech`); `build_app`
 registers them only when the served model produces speech. A text model answers
-/v1/audio/speech with 404 "model ... does not produce speech".
+/v1/audio/speech with 400 "model ... does not produce speech".
 
 Audio is PCM: int16 little-endian, mono, at the model's rate (24 kHz for Orpheus).
 
@@ -123,7 +123,7 @@ def no_speech_router(ctx: ServerContext) -> APIRouter:
 
     @router.post("/audio/speech")
     async def speech():
-        raise ApiError(404, f"model {ctx.model_name!r} does not produce speech", "model")
+        raise ApiError(400, f"model {ctx.model_name!r} does not produce speech", "model")
 
     return router
 

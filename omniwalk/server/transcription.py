@@ -2,7 +2,7 @@
 
 A thin layer on `omniwalk.models.whisper.transcribe` (`submit_transcription`); `build_app`
 registers it only when the served model is a `WhisperTranscriptionModel`. Any other model
-answers it with 404 "model ... does not transcribe speech".
+answers it with 400 "model ... does not transcribe speech".
 
 Request: multipart/form-data (OpenAI's form plus two extensions)
 
@@ -86,6 +86,7 @@ from omniwalk.server.protocol import ApiError, error_body
 
 FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
 STREAMABLE_FORMATS = ("json", "text")
+MAX_FILE_BYTES = 25 * 2**20   # OpenAI's limit for an audio upload
 OUTPUT_REASONS = ("length", "stop")
 
 #: the form fields the route reads, with what the OpenAPI schema says of them
@@ -147,7 +148,7 @@ def no_transcription_router(ctx: ServerContext) -> APIRouter:
 
     @router.post("/audio/transcriptions")
     async def transcriptions():
-        raise ApiError(404, f"model {ctx.model_name!r} does not transcribe speech", "model")
+        raise ApiError(400, f"model {ctx.model_name!r} does not transcribe speech", "model")
 
     return router
 
@@ -193,6 +194,8 @@ async def read_form(request: Request) -> TranscriptionForm:
         upload = values.pop("file", [None])[0]
         if not isinstance(upload, UploadFile):
             raise ApiError(400, "`file` is required: the audio as a file part of the form", "file")
+        if (upload.size or 0) > MAX_FILE_BYTES:
+            raise ApiError(413, f"the audio file is {upload.size} bytes; at most {MAX_FILE_BYTES} are accepted", "file")
         audio = await upload.read()
     fields = {name: _text_value(name, items) for name, items in values.items()}
     _check_granularities(values.get("timestamp_granularities[]", []))

@@ -247,7 +247,7 @@ BAD = [
     ("unknown model", SPEECH, {"input": TEXT, "model": "tts-1"}, 404, "tts-1"),
     ("generate unknown field", "/generate", {"prompt": TEXT, "prompt_token_ids": [1]}, 422, "prompt_token_ids"),
     ("generate bad voice", "/generate", {"prompt": TEXT, "voice": "nobody"}, 400, "voice"),
-    ("text route", "/v1/completions", {"prompt": "Hi"}, 404, "speech"),
+    ("text route", "/v1/completions", {"prompt": "Hi"}, 400, "speech"),
 ]
 
 
@@ -268,7 +268,7 @@ def test_voices_and_voice_object(tts, http):
 
 def test_text_model_has_no_speech(server):
     response = httpx.post(server.url + SPEECH, json={"model": "tiny-qwen3", "input": TEXT, "voice": "tara"})
-    assert response.status_code == 404
+    assert response.status_code == 400
     assert "does not produce speech" in response.json()["error"]["message"]
 
 

@@ -1,7 +1,7 @@
 """Speech recognition over loopback HTTP on tiny-whisper: POST /v1/audio/transcriptions with
 the official openai client (json, text, verbose_json, SSE), srt and vtt, WAV/FLAC/MP3
 uploads, the SDK, the budget (exactly N tokens), 8 concurrent requests, bad input,
-disconnects, and the 404 of a model that does not transcribe.
+disconnects, and the 400 of a model that does not transcribe.
 
 tiny-whisper has random weights: it never says EOS on these clips, so a window runs to its
 decoder context (444 tokens) and N below that gives exactly N tokens."""
@@ -250,6 +250,16 @@ def test_client_disconnect_aborts(whisper, http):
 
 def test_a_text_model_does_not_transcribe(server):
     answer = httpx.post(server.url + ROUTE, files={"file": ("clip", WAV)}, data={"model": "tiny-qwen3"})
-    assert answer.status_code == 404
+    assert answer.status_code == 400
     assert answer.json()["error"] == {"message": "model 'tiny-qwen3' does not transcribe speech",
-                                      "type": "NotFoundError", "param": "model", "code": 404}
+                                      "type": "BadRequestError", "param": "model", "code": 400}
+
+
+def test_an_upload_over_25_mib_is_refused(whisper, http, monkeypatch):
+    from omniwalk.server import transcription
+
+    monkeypatch.setattr(transcription, "MAX_FILE_BYTES", len(WAV) - 1)
+    answer = http.post(ROUTE, files={"file": ("clip.wav", WAV)}, data={"model": "tiny-whisper"})
+    assert answer.status_code == 413 and answer.json()["error"]["param"] == "file"
+    monkeypatch.setattr(transcription, "MAX_FILE_BYTES", len(WAV))
+    assert http.post(ROUTE, files={"file": ("clip.wav", WAV)}, data={"model": "tiny-whisper"}).status_code == 200
