@@ -48,8 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", help="serve a model over HTTP (OpenAI-compatible and native routes)")
     serve.add_argument("model", nargs="?", default="tiny-qwen3",
-                       help="a built-in name (tiny-qwen3, tiny-llama, tiny-qwen3_5, tiny-orpheus, tiny-whisper) or a local Hugging "
-                            "Face checkpoint folder")
+                       help="a built-in name (tiny-qwen3, tiny-llama, tiny-qwen3_5, tiny-orpheus, "
+                            "tiny-whisper) or a local Hugging Face checkpoint folder")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--served-model-name", default=None, help="the name /v1 requests use (default: MODEL)")
