@@ -180,10 +180,7 @@ class Runtime:
                     self._arrive_at_node(stream, instruction.node.name, instruction.node.inputs)
                     return
                 self._run_instruction(stream, instruction)
-                if stream.walk is not walk:
-                    break
-            else:
-                stream.last_walk, stream.walk = walk.name, None
+            stream.last_walk, stream.walk = walk.name, None
 
     def _run_instruction(self, stream: StreamState, instruction) -> None:
         budget = stream.spec.budget
