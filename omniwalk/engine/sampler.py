@@ -158,14 +158,24 @@ def _fmix32(h: torch.Tensor) -> torch.Tensor:
     return h ^ (h >> 16)
 
 
+def _key_halves(keys: list[int], device) -> tuple[torch.Tensor, torch.Tensor]:
+    low = torch.tensor([k & _MASK32 for k in keys], dtype=torch.int64, device=device)
+    high = torch.tensor([k >> 32 for k in keys], dtype=torch.int64, device=device)
+    return low, high
+
+
+def _uniform(tokens: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
+    """float64 uniforms in (0, 1) of (key, token) pairs; the arguments broadcast together."""
+    h = _fmix32(tokens ^ low)
+    h = _fmix32((h + high) & _MASK32)
+    return (h.to(torch.float64) + 0.5) * _INV_2_32
+
+
 def hash_uniform(keys: list[int], vocab_size: int, device: torch.device | str) -> torch.Tensor:
     """[len(keys), vocab_size] float64 uniforms in (0, 1): u[r, t] = f(keys[r], t)."""
-    a = torch.tensor([k & _MASK32 for k in keys], dtype=torch.int64, device=device)
-    b = torch.tensor([k >> 32 for k in keys], dtype=torch.int64, device=device)
+    low, high = _key_halves(keys, device)
     tok = torch.arange(vocab_size, dtype=torch.int64, device=device)
-    h = _fmix32(tok.unsqueeze(0) ^ a.unsqueeze(1))
-    h = _fmix32((h + b.unsqueeze(1)) & _MASK32)
-    return (h.to(torch.float64) + 0.5) * _INV_2_32
+    return _uniform(tok.unsqueeze(0), low.unsqueeze(1), high.unsqueeze(1))
 
 
 # ----------------------------------------------------------------------------- sampler
@@ -378,11 +388,29 @@ class Sampler:
 
     @staticmethod
     def _race(scaled: torch.Tensor, seeds: list[int], sample_indices: list[int]) -> torch.Tensor:
-        """argmax(softmax(scaled) / E) with E ~ Exp(1) from the counter-based hash."""
+        """argmax(softmax(scaled) / E) with E ~ Exp(1) from the counter-based hash.
+
+        Only finite entries can win, and each entry's noise depends on (key, token id)
+        alone, so when filtering (top-p, top-k, a logits mask) left few candidates the
+        race is run over those only: the same winner, without hashing the whole
+        [rows, vocab] matrix (40 million entries at 256 rows of a 157k vocabulary)."""
         keys = [row_key(int(s), int(i)) for s, i in zip(seeds, sample_indices)]
-        u = hash_uniform(keys, scaled.shape[1], scaled.device)
-        log_e = torch.log(-torch.log(u))
-        return (scaled.to(torch.float64) - log_e).argmax(dim=-1)
+        rows_count, vocab = scaled.shape
+        finite = torch.isfinite(scaled)
+        if int(finite.sum()) * 4 > rows_count * vocab:   # dense: most entries are candidates
+            u = hash_uniform(keys, vocab, scaled.device)
+            return (scaled.to(torch.float64) - torch.log(-torch.log(u))).argmax(dim=-1)
+        rows, cols = finite.nonzero(as_tuple=True)
+        low, high = _key_halves(keys, scaled.device)
+        u = _uniform(cols, low[rows], high[rows])
+        score = scaled[rows, cols].to(torch.float64) - torch.log(-torch.log(u))
+        best = torch.full((rows_count,), -math.inf, dtype=torch.float64, device=scaled.device)
+        best = best.scatter_reduce(0, rows, score, "amax")
+        is_best = score == best[rows]
+        # ties go to the lowest token id, as argmax does; a row with no finite entry gets 0
+        winner = torch.full((rows_count,), vocab, dtype=torch.int64, device=scaled.device)
+        winner = winner.scatter_reduce(0, rows[is_best], cols[is_best], "amin")
+        return torch.where(winner == vocab, torch.zeros_like(winner), winner)
 
     # ------------------------------------------------------------------ checks
 

@@ -491,3 +491,28 @@ def test_numpy_histories_give_the_same_samples_as_lists():
     processed = sampler.process_logits(logits, params, prompts, outputs)
     assert torch.equal(processed, sampler.process_logits(
         logits, params, [np.array(p, dtype=np.int64) for p in prompts], [np.array(o, dtype=np.int64) for o in outputs]))
+
+
+def _dense_race(scaled, seeds, sample_indices):
+    from omniwalk.engine.sampler import hash_uniform, row_key
+
+    keys = [row_key(s, i) for s, i in zip(seeds, sample_indices)]
+    u = hash_uniform(keys, scaled.shape[1], scaled.device)
+    return (scaled.to(torch.float64) - torch.log(-torch.log(u))).argmax(dim=-1)
+
+
+@pytest.mark.parametrize("keep", [1, 3, 40, 200])
+def test_race_over_candidates_only_picks_what_the_dense_race_picks(keep):
+    torch.manual_seed(keep)
+    rows, vocab = 12, 1000
+    scaled = torch.randn(rows, vocab) * 3
+    # keep a few entries per row (as top-p / a logits mask would), at random positions
+    order = torch.rand(rows, vocab).argsort(dim=-1)
+    mask = torch.zeros(rows, vocab, dtype=torch.bool).scatter_(1, order[:, :keep], True)
+    scaled = scaled.masked_fill(~mask, float("-inf"))
+    scaled[3] = float("-inf")                       # a row with nothing left: both give 0
+    scaled[5, :] = float("-inf")
+    scaled[5, 7] = scaled[5, 9] = 1.0               # two equal finite logits
+    seeds, indices = list(range(100, 100 + rows)), list(range(rows))
+    assert int(torch.isfinite(scaled).sum()) * 4 <= rows * vocab     # the sparse path runs
+    assert torch.equal(Sampler._race(scaled, seeds, indices), _dense_race(scaled, seeds, indices))
