@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from omniwalk.bench.cli import _engine_args, parse_concurrency
-from omniwalk.bench.report import failure_banner, machine_info, now_iso, write_json
+from omniwalk.bench.report import exit_status, machine_info, now_iso, write_json
 
 SAMPLE_RATE = 16000
 
@@ -176,9 +176,4 @@ def run_asr_bench(args: argparse.Namespace, argv: list[str] | None = None) -> in
                                                   "warmup": args.warmup, "seed": args.seed},
             "definitions": ASR_DEFINITIONS, "failed": failed > 0, "num_failed": failed, "runs": runs,
         })
-    if failed:
-        banner = failure_banner(failed, sum(r["summary"]["num_requests"] for r in runs), "see the failures above")
-        print(banner, flush=True)
-        print(banner, file=sys.stderr)
-        return 1
-    return 0
+    return exit_status(failed, sum(r["summary"]["num_requests"] for r in runs), "see the failures above")

@@ -27,7 +27,7 @@ from pathlib import Path
 from omniwalk.bench.backends import InProcessBackend, OpenAICompletionsBackend, served_model_name
 from omniwalk.bench.metrics import DEFINITIONS, summarize
 from omniwalk.bench.report import (
-    failure_banner, format_definitions, format_summary, machine_info, now_iso, write_json,
+    exit_status, format_definitions, format_summary, machine_info, now_iso, run_summary_where, write_json,
 )
 from omniwalk.bench.runner import PhaseResult, Progress, run_phase
 from omniwalk.bench.workload import (
@@ -280,14 +280,7 @@ def run_bench(args: argparse.Namespace, argv: list[str] | None = None) -> int:
             "machine": machine_info(), "config": _config(args, target, engine_args, concurrencies),
             "definitions": DEFINITIONS, "failed": failed > 0, "num_failed": failed, "runs": runs,
         })
-    if failed:
-        banner = failure_banner(failed, sent, ", ".join(
-            f"{r['arrivals']}: {r['summary']['num_errors']} errors, {r['summary']['num_budget_violations']} "
-            f"budget violations" for r in runs))
-        print(banner, flush=True)
-        print(banner, file=sys.stderr)
-        return 1
-    return 0
+    return exit_status(failed, sent, run_summary_where(runs))
 
 
 def _config(args, target: str, engine_args: dict | None, concurrencies) -> dict:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import datetime
 import json
 import os
@@ -122,3 +124,18 @@ def write_json(path: str | Path, document: dict) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(document, indent=2, default=str) + "\n")
+
+
+def run_summary_where(runs: list[dict]) -> str:
+    return ", ".join(f"{r['arrivals']}: {r['summary']['num_errors']} errors, "
+                     f"{r['summary']['num_budget_violations']} budget violations" for r in runs)
+
+
+def exit_status(failed: int, sent: int, where: str) -> int:
+    """0, or print the failure banner (stdout and stderr) and return 1."""
+    if not failed:
+        return 0
+    banner = failure_banner(failed, sent, where)
+    print(banner, flush=True)
+    print(banner, file=sys.stderr)
+    return 1

@@ -26,7 +26,7 @@ import numpy as np
 
 from omniwalk.bench.backends import served_model_name
 from omniwalk.bench.cli import _arrival_label, _engine_args, _phases, parse_concurrency
-from omniwalk.bench.report import failure_banner, machine_info, now_iso, write_json
+from omniwalk.bench.report import exit_status, machine_info, now_iso, run_summary_where, write_json
 from omniwalk.bench.runner import PhaseResult
 from omniwalk.bench.tts_backends import InProcessSpeechBackend, SpeechSSEBackend, TTSRequest
 from omniwalk.bench.tts_metrics import TTS_DEFINITIONS, format_tts_definitions, format_tts_summary, summarize_tts
@@ -155,11 +155,4 @@ def run_tts_bench(args: argparse.Namespace, argv: list[str] | None = None) -> in
             },
             "definitions": TTS_DEFINITIONS, "failed": failed > 0, "num_failed": failed, "runs": runs,
         })
-    if failed:
-        banner = failure_banner(failed, sent, ", ".join(
-            f"{r['arrivals']}: {r['summary']['num_errors']} errors, {r['summary']['num_budget_violations']} "
-            f"budget violations" for r in runs))
-        print(banner, flush=True)
-        print(banner, file=sys.stderr)
-        return 1
-    return 0
+    return exit_status(failed, sent, run_summary_where(runs))
