@@ -171,11 +171,16 @@ def context_length(args: EngineArgs, config: DecoderConfig) -> int:
     return min(config.max_position_embeddings, args.max_model_len or config.max_position_embeddings)
 
 
-def capture_decode_graphs(args: EngineArgs, lm, cache: PagedKVCache, max_model_len: int) -> DecodeGraphs | None:
+def uses_decode_graphs(args: EngineArgs, device: torch.device) -> bool:
+    return device.type == "cuda" and not args.enforce_eager
+
+
+def capture_decode_graphs(args: EngineArgs, lm, cache: PagedKVCache, max_model_len: int,
+                          state_pool=None) -> DecodeGraphs | None:
     """CUDA graphs of the decode step (None on CPU or with --enforce-eager)."""
-    if cache.keys.device.type != "cuda" or args.enforce_eager:
+    if not uses_decode_graphs(args, cache.keys.device):
         return None
-    graphs = DecodeGraphs(lm, cache, args.max_num_seqs, -(-max_model_len // args.page_size))
+    graphs = DecodeGraphs(lm, cache, args.max_num_seqs, -(-max_model_len // args.page_size), state_pool)
     started = time.perf_counter()
     graphs.capture()
     logger.info("captured decode CUDA graphs for batch sizes %s in %.1f s", graphs.buckets, time.perf_counter() - started)

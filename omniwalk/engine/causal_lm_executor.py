@@ -104,6 +104,9 @@ class CausalLMExecutor(NodeExecutor):
         self.logits_mask = logits_mask
         self.sequences: dict[int, SequenceState] = {}
         self.lookahead: _Lookahead | None = None
+        # May a look-ahead serve a batch that lost rows (stopped streams)? Not where the
+        # step's state writes are all-or-nothing per replay (hybrid models).
+        self.lookahead_subsets = True
         self.lookahead_used = 0     # counters for tests and the bench
         self.lookahead_dropped = 0
 
@@ -161,7 +164,8 @@ class CausalLMExecutor(NodeExecutor):
         use_graph = is_decode and self.decode_graphs is not None and self.decode_graphs.fits(
             len(calls), max(len(self.cache.page_tables[c.stream.handle]) for c in calls))
         lookahead, self.lookahead = self.lookahead, None
-        guessed = lookahead.take(calls, sequences) if lookahead is not None and use_graph else None
+        guessed = (lookahead.take(calls, sequences, self.lookahead_subsets)
+                   if lookahead is not None and use_graph else None)
         if guessed is not None:
             self.lookahead_used += 1
             samples, device_tokens = [(token, None) for token in guessed[0]], guessed[1]
@@ -175,6 +179,7 @@ class CausalLMExecutor(NodeExecutor):
             samples, device_tokens = self._sample([calls[i] for i in done], logits) if done else ([], None)
 
         # Commit only after everything succeeded: a failed batch is retried call by call.
+        self._commit_states(use_graph)
         for call, sequence in zip(calls, sequences):
             sequence.num_computed += call.num_tokens
             self.cache.register_full_pages(call.stream.handle, sequence.token_ids, sequence.num_computed)
@@ -188,6 +193,13 @@ class CausalLMExecutor(NodeExecutor):
         if use_graph and self._can_look_ahead(calls, sequences):
             self.lookahead = self._launch_lookahead(calls, sequences, [t for t, _ in samples], device_tokens)
         return results
+
+    def _commit_states(self, used_graph: bool) -> None:
+        """Hook: state beside the KV cache that a step writes aside (hybrid models)."""
+
+    def _state_slots(self, handles: list[int]) -> list[int] | None:
+        """Hook: each row's state slot, as input of a decode graph (hybrid models)."""
+        return None
 
     def _can_look_ahead(self, calls, sequences) -> bool:
         """Only rows whose next sample needs nothing from the host: plain greedy."""
@@ -212,7 +224,7 @@ class CausalLMExecutor(NodeExecutor):
         logits = self.decode_graphs.run(
             input_ids=device_tokens, positions=positions,
             slots=[table[p // size] * size + p % size for table, p in zip(tables, positions)],
-            context_lens=positions, page_tables=tables,
+            context_lens=positions, page_tables=tables, state_slots=self._state_slots(handles),
         )
         guessed = logits.argmax(dim=-1)
         return _Lookahead(handles, positions, tokens, guessed, self.decode_graphs.copy_to_host(guessed))
@@ -246,6 +258,7 @@ class CausalLMExecutor(NodeExecutor):
             slots=[table[p // size] * size + p % size for table, p in zip(tables, positions)],
             context_lens=positions,
             page_tables=tables,
+            state_slots=self._state_slots(handles),
         )
 
     def _sample(self, calls: list[NodeCall], logits: torch.Tensor):
@@ -294,8 +307,9 @@ class _Lookahead:
     device_tokens: torch.Tensor  # [rows] the greedy samples, on the device
     host_copy: "HostCopy"
 
-    def take(self, calls, sequences) -> tuple[list[int], torch.Tensor] | None:
-        """The guessed samples for `calls`, if every call is exactly what was guessed."""
+    def take(self, calls, sequences, allow_subset: bool = True) -> tuple[list[int], torch.Tensor] | None:
+        """The guessed samples for `calls`, if every call is exactly what was guessed (and,
+        unless `allow_subset`, every guessed row is called)."""
         row_of = {handle: row for row, handle in enumerate(self.handles)}
         rows = []
         for call, sequence in zip(calls, sequences):
@@ -305,8 +319,11 @@ class _Lookahead:
                     or sequence.token_ids[-1] != self.input_tokens[row]):
                 return None
             rows.append(row)
+        whole = rows == list(range(len(self.handles)))
+        if not whole and not allow_subset:
+            return None
         host = self.host_copy.wait()
-        if rows == list(range(len(self.handles))):
+        if whole:
             return host, self.device_tokens
         index = torch.tensor(rows, device=self.device_tokens.device)
         return [host[row] for row in rows], self.device_tokens.index_select(0, index)

@@ -10,6 +10,10 @@ page that no sequence owns:
 
 The graph covers the model forward and the LM head; sampling runs after it on the
 device, so one step costs one replay, the sampler's kernels and one copy to the host.
+
+A hybrid model (recurrent layers with a `StatePool`) also gets each row's state slot as an
+input buffer; padded rows use a scratch slot. The new states stay in the graph's output
+tensors until the executor calls `commit_states`, once the step succeeded.
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ import torch
 
 from omniwalk.engine.attention import AttentionMetadata, PagedAttention
 from omniwalk.engine.kv_cache import PagedKVCache
+from omniwalk.engine.state_pool import StateBatch, StatePool
+
+SCRATCH_STATE_HANDLE = -1   # the state-pool handle of the padded rows' slot
 
 
 def batch_buckets(max_batch_size: int) -> list[int]:
@@ -27,7 +34,8 @@ def batch_buckets(max_batch_size: int) -> list[int]:
 
 
 class DecodeGraphs:
-    def __init__(self, model: torch.nn.Module, cache: PagedKVCache, max_batch_size: int, max_pages_per_sequence: int):
+    def __init__(self, model: torch.nn.Module, cache: PagedKVCache, max_batch_size: int, max_pages_per_sequence: int,
+                 state_pool: StatePool | None = None):
         self.model = model
         self.cache = cache
         self.device = cache.keys.device
@@ -43,8 +51,14 @@ class DecodeGraphs:
         self.context_lens = torch.zeros(size, dtype=torch.int32, **on)
         self.query_start = torch.arange(size + 1, dtype=torch.int32, **on)
         self.page_table = torch.full((size, self.max_pages), self.scratch_page, dtype=torch.int32, **on)
-        # pinned staging: [ids; positions; slots] and [context_len, page table...]
-        self.host_longs = torch.zeros(3, size, dtype=torch.long, pin_memory=True)
+        self.state_pool = state_pool
+        self.state_batches: dict[int, StateBatch] = {}     # bucket -> its captured states
+        if state_pool is not None:
+            self.scratch_slot = state_pool.allocate(SCRATCH_STATE_HANDLE)   # owned by no sequence, ever
+            self.state_slots = torch.full((size,), self.scratch_slot, dtype=torch.long, **on)
+        self._last_batch = 0
+        # pinned staging: [ids; positions; slots; state slots] and [context_len, page table...]
+        self.host_longs = torch.zeros(4, size, dtype=torch.long, pin_memory=True)
         self.host_ints = torch.zeros(size, 1 + self.max_pages, dtype=torch.int32, pin_memory=True)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         # two pinned buffers for look-ahead copies: one in flight while the other is read
@@ -57,7 +71,11 @@ class DecodeGraphs:
             context_lens_tensor=self.context_lens[:batch], page_table_tensor=self.page_table[:batch],
             max_query_len=1,
         )
-        hidden = self.model(self.input_ids[:batch], self.positions[:batch], PagedAttention(self.cache, meta))
+        inputs = (self.input_ids[:batch], self.positions[:batch], PagedAttention(self.cache, meta))
+        if self.state_pool is not None:
+            self.state_batches[batch] = StateBatch.for_decode_graph(self.state_pool, self.state_slots[:batch])
+            inputs += (self.state_batches[batch],)
+        hidden = self.model(*inputs)
         return self.model.compute_logits(hidden)   # [batch, vocab] fp32
 
     @torch.inference_mode()
@@ -81,11 +99,13 @@ class DecodeGraphs:
         return batch <= self.max_batch_size and max_pages <= self.max_pages
 
     def run(self, input_ids: list[int] | torch.Tensor, positions: list[int], slots: list[int],
-            context_lens: list[int], page_tables: list[list[int]]) -> torch.Tensor:
+            context_lens: list[int], page_tables: list[list[int]],
+            state_slots: list[int] | None = None) -> torch.Tensor:
         """Logits [n, vocab] of one decode step of n sequences.
 
         `input_ids` may be a device tensor (the previous step's samples): then the step
-        is launched without the host ever seeing the tokens."""
+        is launched without the host ever seeing the tokens. `state_slots`: each row's
+        state-pool slot (hybrid models only)."""
         n = len(positions)
         batch = next(b for b in self.buckets if b >= n)
         longs = self.host_longs.numpy()
@@ -103,6 +123,10 @@ class DecodeGraphs:
         for row, table in enumerate(page_tables):
             ints[row, 1 : 1 + len(table)] = table
         ints[n:batch, 1] = self.scratch_page
+        if self.state_pool is not None:
+            longs[3, :n] = state_slots
+            longs[3, n:batch] = self.scratch_slot
+            self.state_slots[:batch].copy_(self.host_longs[3, :batch], non_blocking=True)
         if on_device:
             self.input_ids[:n].copy_(input_ids)
             self.input_ids[n:batch].zero_()
@@ -114,7 +138,12 @@ class DecodeGraphs:
         self.page_table[:batch, :width].copy_(self.host_ints[:batch, 1 : 1 + width], non_blocking=True)
         graph, logits = self.graphs[batch]
         graph.replay()
+        self._last_batch = batch
         return logits[:n]
+
+    def commit_states(self, rows: torch.Tensor | None = None) -> None:
+        """Write the recurrent states of the last replay into the pool (all rows, or `rows`)."""
+        self.state_batches[self._last_batch].commit(rows)
 
     def copy_to_host(self, tokens: torch.Tensor) -> "HostCopy":
         """Start copying `tokens` [n] to pinned host memory; `wait()` returns them as a list."""

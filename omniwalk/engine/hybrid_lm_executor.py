@@ -17,7 +17,11 @@ stays off for hybrid models (see `omniwalk.engine.state_pool`): the cache must h
 
 A forward pass reads the slots, computes new states aside (`StateBatch`), and writes them
 back only once the whole step (forward and sampling) succeeded, so a failed batch leaves
-every stream's state as it was, as the `NodeExecutor` contract asks.
+every stream's state as it was, as the `NodeExecutor` contract asks. A decode step that
+replays a CUDA graph leaves its new states in the graph's output tensors until the same
+commit point (`DecodeGraphs.commit_states`); a look-ahead step (see `CausalLMExecutor`) is
+committed only when the runtime takes all of its rows, so a dropped guess never reaches
+the pool.
 """
 
 from __future__ import annotations
@@ -26,23 +30,25 @@ import torch
 
 from omniwalk.engine.attention import PagedAttention, build_metadata
 from omniwalk.engine.causal_lm_executor import CausalLMExecutor
+from omniwalk.engine.cuda_graphs import DecodeGraphs
 from omniwalk.engine.kv_cache import PagedKVCache
 from omniwalk.engine.state_pool import StateBatch, StatePool
-from omniwalk.runtime.executor import NodeCall
 
 
 class HybridLMExecutor(CausalLMExecutor):
     """`CausalLMExecutor` for a model called as `model(input_ids, positions, attention, states)`."""
 
     def __init__(self, model: torch.nn.Module, cache: PagedKVCache, state_pool: StatePool,
-                 max_batch_size: int = 256):
+                 max_batch_size: int = 256, decode_graphs: DecodeGraphs | None = None):
         if cache.enable_prefix_caching:
             raise ValueError("prefix caching cannot be on for a hybrid model: a shared KV prefix "
                              "comes without the recurrent state at its end")
-        # Eager only for now: the CUDA-graph decode path comes with the fla-core kernels.
-        super().__init__(model, cache, max_batch_size)
+        if decode_graphs is not None and decode_graphs.state_pool is not state_pool:
+            raise ValueError("the decode graphs must read and write this executor's state pool")
+        super().__init__(model, cache, max_batch_size, decode_graphs=decode_graphs)
         self.state_pool = state_pool
-        self._states: StateBatch | None = None   # the running step's new states, until it commits
+        self.lookahead_subsets = False
+        self._states: StateBatch | None = None   # an eager step's new states, until it commits
 
     # ------------------------------------------------------------ resources
 
@@ -68,15 +74,18 @@ class HybridLMExecutor(CausalLMExecutor):
 
     # ------------------------------------------------------------ the step
 
-    @torch.inference_mode()
-    def run(self, calls: list[NodeCall]) -> list[dict | None]:
-        self._states = None
-        # The base step forwards (`_forward_eager` below), samples, then commits its own
-        # bookkeeping; if it raises, the new states are simply dropped.
-        results = super().run(calls)
-        self._states.commit()
-        self._states = None
-        return results
+    # The base step forwards (`_forward_eager` below, or a decode graph), samples, then
+    # commits; if it raises first, the new states are simply dropped.
+
+    def _commit_states(self, used_graph: bool) -> None:
+        if used_graph:
+            self.decode_graphs.commit_states()
+        else:
+            self._states.commit()
+            self._states = None
+
+    def _state_slots(self, handles: list[int]) -> list[int]:
+        return [self.state_pool.slots[h] for h in handles]
 
     def _forward_eager(self, calls, sequences, done) -> torch.Tensor:
         input_ids, positions = [], []

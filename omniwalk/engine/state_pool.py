@@ -123,7 +123,23 @@ class StateBatch:
         self.decode_rows = torch.tensor(decode, dtype=torch.long, device=device)         # sequences
         self.decode_tokens = torch.tensor([starts[b] for b in decode], dtype=torch.long, device=device)
         self.prefills = [(b, starts[b], n) for b, n in enumerate(query_lens) if n > 1]
+        self.all_decode = not self.prefills
         self._pending: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    @classmethod
+    def for_decode_graph(cls, pool: StatePool, slot_index: torch.Tensor) -> "StateBatch":
+        """A decode batch (one token per sequence) over `slot_index`, a CUDA graph's static
+        input buffer: the graph reads the slots it holds at replay, and the states it
+        writes stay in the graph's output tensors until `commit`."""
+        batch = cls.__new__(cls)
+        batch.pool = pool
+        batch.query_lens = [1] * len(slot_index)
+        batch.slot_index = slot_index
+        batch.decode_rows = batch.decode_tokens = torch.arange(len(slot_index), device=slot_index.device)
+        batch.prefills = []
+        batch.all_decode = True
+        batch._pending = {}
+        return batch
 
     @property
     def num_sequences(self) -> int:
@@ -138,8 +154,11 @@ class StateBatch:
         """The states after this pass (same shapes as `read`); kept aside until `commit`."""
         self._pending[layer] = (conv, recurrent)
 
-    def commit(self) -> None:
+    def commit(self, rows: torch.Tensor | None = None) -> None:
+        """Write the new states into the pool: every sequence's, or only those of `rows`."""
+        slots = self.slot_index if rows is None else self.slot_index.index_select(0, rows)
         for layer, (conv, recurrent) in self._pending.items():
-            self.pool.conv[layer].index_copy_(0, self.slot_index, conv.to(self.pool.conv.dtype))
-            self.pool.recurrent[layer].index_copy_(0, self.slot_index, recurrent.float())
-        self._pending.clear()
+            if rows is not None:
+                conv, recurrent = conv.index_select(0, rows), recurrent.index_select(0, rows)
+            self.pool.conv[layer].index_copy_(0, slots, conv.to(self.pool.conv.dtype))
+            self.pool.recurrent[layer].index_copy_(0, slots, recurrent.float())

@@ -16,17 +16,79 @@ Two CPU implementations in torch, both taking and returning the per-sequence sta
   step: inside a chunk the recurrence is solved as one triangular system, and only the
   chunk boundaries are sequential (derivation at `_chunk_scan`).
 
-The GPU step replaces both with the Triton kernels of fla-core; these stay the
-reference. Shapes follow transformers / fla: [batch, seq_len, heads, dim], with
+On CUDA, with fla-core installed, `gated_delta_rule_decode` and `gated_delta_rule_varlen`
+(what the model calls) run fla's Triton kernels instead: its fused recurrent kernel for a
+decode step (CUDA-graph safe) and its chunked kernel over a ragged batch (`cu_seqlens`) for
+prefill; the torch functions stay the reference and the CPU path. Shapes follow transformers / fla: [batch, seq_len, heads, dim], with
 num_value_heads a multiple of num_key_heads (a key head serves consecutive value heads).
 """
 
 from __future__ import annotations
 
+import functools
+import logging
+
 import torch
 import torch.nn.functional as F
 
 CHUNK_SIZE = 64
+
+logger = logging.getLogger(__name__)
+
+
+@functools.cache
+def fla_kernels():
+    """fla-core's (fused_recurrent, chunk) gated delta rule kernels, or None if not installed."""
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule as chunk
+        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as fused_recurrent
+    except ImportError:
+        logger.warning("fla-core is not installed: the gated delta rule runs in torch on CUDA "
+                       "(slow; `pip install fla-core` for its Triton kernels)")
+        return None
+    return fused_recurrent, chunk
+
+
+def _use_fla(x: torch.Tensor) -> bool:
+    return x.is_cuda and fla_kernels() is not None
+
+
+def gated_delta_rule_decode(q, k, v, g, beta, state) -> tuple[torch.Tensor, torch.Tensor]:
+    """One new token per sequence: q, k [batch, 1, key_heads, key_dim], v [batch, 1, value_heads,
+    value_dim], g, beta [batch, 1, value_heads], state [batch, value_heads, key_dim, value_dim].
+    Returns the output [batch, 1, value_heads, value_dim] and the new state (fp32)."""
+    if _use_fla(q):
+        fused_recurrent, _ = fla_kernels()
+        return fused_recurrent(q, k, v, g=g.float(), beta=beta, initial_state=state.float(),
+                               output_final_state=True, use_qk_l2norm_in_kernel=True)
+    return recurrent_gated_delta_rule(q, k, v, g, beta, state)
+
+
+def gated_delta_rule_varlen(q, k, v, g, beta, states, lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A ragged batch: sequence i owns the next lengths[i] rows of the flat token dim.
+
+    q, k [tokens, key_heads, key_dim], v [tokens, value_heads, value_dim], g, beta [tokens,
+    value_heads], states [len(lengths), value_heads, key_dim, value_dim] (the states before
+    each sequence's first token). Returns the output [tokens, value_heads, value_dim] and the
+    new states [len(lengths), ...] (fp32)."""
+    if _use_fla(q):
+        _, chunk = fla_kernels()
+        cu_seqlens = torch.tensor([0] + lengths, dtype=torch.long).cumsum(0).to(q.device)
+        out, new_states = chunk(q[None], k[None], v[None], g=g[None].float(), beta=beta[None],
+                                initial_state=states.float(), output_final_state=True,
+                                use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens)
+        return out[0], new_states
+    out = torch.empty_like(v)
+    new_states = torch.empty_like(states, dtype=torch.float32)
+    start = 0
+    for i, length in enumerate(lengths):
+        span = slice(start, start + length)
+        rule = recurrent_gated_delta_rule if length == 1 else chunk_gated_delta_rule
+        piece, state = rule(q[None, span], k[None, span], v[None, span], g[None, span], beta[None, span],
+                            states[i, None])
+        out[span], new_states[i] = piece[0], state[0]
+        start += length
+    return out, new_states
 
 
 def recurrent_gated_delta_rule(

@@ -17,10 +17,12 @@ from pathlib import Path
 
 import torch
 
+from omniwalk.engine.cuda_graphs import DecodeGraphs
 from omniwalk.engine.hybrid_lm_executor import HybridLMExecutor
 from omniwalk.engine.kv_cache import PagedKVCache
 from omniwalk.engine.state_pool import StatePool, StatePoolShape
-from omniwalk.loading import EngineArgs, LoadedModel, kv_cache_shape, read_model_source, resolve_device, resolve_dtype
+from omniwalk.loading import (EngineArgs, LoadedModel, capture_decode_graphs, kv_cache_shape, read_model_source,
+                              resolve_device, resolve_dtype, uses_decode_graphs)
 from omniwalk.models.loader import init_random_weights, load_checkpoint_weights
 from omniwalk.models.qwen3_5.config import Qwen3_5Config
 from omniwalk.models.qwen3_5.model import Qwen3_5ForCausalLM
@@ -36,13 +38,13 @@ class HybridTextGenerationModel(TextGenerationModel):
     """`TextGenerationModel` (same walks and plan) whose backbone also holds recurrent state."""
 
     def __init__(self, lm: torch.nn.Module, cache: PagedKVCache, state_pool: StatePool, *,
-                 max_batch_size: int = 256):
+                 max_batch_size: int = 256, decode_graphs: DecodeGraphs | None = None):
         # not super().__init__: that builds a plain CausalLMExecutor
         self.lm = lm
         self.cache = cache
         self.state_pool = state_pool
         self.graph = text_generation_graph()
-        self.executors = {BACKBONE.name: HybridLMExecutor(lm, cache, state_pool, max_batch_size)}
+        self.executors = {BACKBONE.name: HybridLMExecutor(lm, cache, state_pool, max_batch_size, decode_graphs)}
 
 
 def checkpoint_name(name: str) -> str | None:
@@ -83,15 +85,18 @@ def load_qwen3_5(args: EngineArgs, family, folder: Path | None) -> LoadedModel:
                         folder, len(skipped), "*, ".join(parts))
     lm.eval()
 
-    # One slot per running request. Allocated before the KV cache, which takes what is left.
-    pool = StatePool(state_pool_shape(config, args.max_num_seqs), dtype, device)
+    # One slot per running request (+ the decode graphs' scratch slot). Allocated before
+    # the KV cache, which takes what is left.
+    num_slots = args.max_num_seqs + (1 if uses_decode_graphs(args, device) else 0)
+    pool = StatePool(state_pool_shape(config, num_slots), dtype, device)
     max_model_len = min(config.max_position_embeddings, args.max_model_len or config.max_position_embeddings)
     shape = kv_cache_shape(args, config, device, dtype, num_layers=len(config.full_attention_layers))
     if args.enable_prefix_caching:
         logger.info("prefix caching is off for %s: a shared KV prefix would also need the recurrent "
                     "state at its end", family.name)
     cache = PagedKVCache(shape, dtype, device, enable_prefix_caching=False)
-    served = HybridTextGenerationModel(lm, cache, pool, max_batch_size=args.max_num_seqs)
+    graphs = capture_decode_graphs(args, lm, cache, max_model_len, state_pool=pool)
+    served = HybridTextGenerationModel(lm, cache, pool, max_batch_size=args.max_num_seqs, decode_graphs=graphs)
     logger.info("loaded %s (%s, %s on %s%s); KV cache (%d attention layers): %d tokens in %d pages of %d; "
                 "recurrent state (%d layers): %d slots of %.1f MiB",
                 args.model, family.name, dtype, device, ", random weights" if random_weights else "",

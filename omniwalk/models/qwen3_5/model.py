@@ -23,7 +23,7 @@ from torch import nn
 from omniwalk.engine.attention import PagedAttention
 from omniwalk.engine.state_pool import StateBatch
 from omniwalk.layers.causal_conv import causal_conv1d
-from omniwalk.layers.gated_delta_rule import chunk_gated_delta_rule, recurrent_gated_delta_rule
+from omniwalk.layers.gated_delta_rule import gated_delta_rule_decode, gated_delta_rule_varlen
 from omniwalk.layers.mlp import GatedMLP
 from omniwalk.layers.norm import GatedRMSNorm, ZeroCenteredRMSNorm
 from omniwalk.layers.rotary import RotaryEmbedding, apply_rotary
@@ -76,8 +76,9 @@ class GatedDeltaNet(nn.Module):
         delta rule(q, k, v, g, beta)                                     (recurrent state)
         -> norm(., gate = in_proj_z(x)) -> out_proj
 
-    Prefill pieces run the chunked kernel one sequence at a time; all decode tokens of the
-    batch run as one batched recurrent step.
+    A decode batch (one token per sequence) runs one batched recurrent step; a batch with
+    prefill pieces runs the chunked kernel over the whole ragged batch (decode tokens are
+    sequences of length 1 there).
     """
 
     def __init__(self, config: Qwen3_5Config, state_layer: int):
@@ -110,38 +111,39 @@ class GatedDeltaNet(nn.Module):
         g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)
 
         conv_state, recurrent_state = states.read(self.state_layer)
-        new_conv, new_recurrent = conv_state.clone(), recurrent_state.clone()
-        core = x.new_empty(num_tokens, self.num_v_heads, self.head_v_dim)
-        if len(states.decode_rows):
-            rows, tokens = states.decode_rows, states.decode_tokens
-            out, new_conv[rows], new_recurrent[rows] = self._mix(
-                mixed[tokens, None], g[tokens, None], beta[tokens, None], conv_state[rows], recurrent_state[rows])
-            core[tokens] = out[:, 0]
-        for row, start, length in states.prefills:
-            span = slice(start, start + length)
-            out, new_conv[row], new_recurrent[row] = self._mix(
-                mixed[None, span], g[None, span], beta[None, span], conv_state[row, None], recurrent_state[row, None])
-            core[span] = out[0]
+        mixed, new_conv = self._convolve(mixed, conv_state, states)
+        q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        q = q.reshape(num_tokens, self.num_k_heads, self.head_k_dim)
+        k = k.reshape(num_tokens, self.num_k_heads, self.head_k_dim)
+        v = v.reshape(num_tokens, self.num_v_heads, self.head_v_dim)
+        if states.all_decode:   # one token per sequence: one batched recurrent step
+            core, new_recurrent = gated_delta_rule_decode(
+                q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None], recurrent_state)
+            core = core[:, 0]
+        else:
+            core, new_recurrent = gated_delta_rule_varlen(q, k, v, g, beta, recurrent_state, states.query_lens)
         states.write(self.state_layer, new_conv, new_recurrent)
 
         z = self.in_proj_z(x).view(num_tokens, self.num_v_heads, self.head_v_dim)
         return self.out_proj(self.norm(core, z).reshape(num_tokens, self.value_dim))
 
-    def _mix(self, mixed, g, beta, conv_state, recurrent_state):
-        """Conv and delta rule for `batch` sequences of `seq_len` new tokens each.
-
-        mixed: [batch, seq_len, conv_dim]; g, beta: [batch, seq_len, v_heads];
-        conv_state: [batch, conv_dim, kernel - 1]; recurrent_state: [batch, v_heads, k_dim, v_dim].
-        Returns the output [batch, seq_len, v_heads, v_dim] and both new states."""
-        batch, seq_len = mixed.shape[:2]
-        mixed, conv_state = causal_conv1d(mixed, self.conv1d.weight.squeeze(1), conv_state)
-        q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
-        q = q.reshape(batch, seq_len, self.num_k_heads, self.head_k_dim)
-        k = k.reshape(batch, seq_len, self.num_k_heads, self.head_k_dim)
-        v = v.reshape(batch, seq_len, self.num_v_heads, self.head_v_dim)
-        rule = recurrent_gated_delta_rule if seq_len == 1 else chunk_gated_delta_rule
-        out, recurrent_state = rule(q, k, v, g, beta, recurrent_state)
-        return out, conv_state, recurrent_state
+    def _convolve(self, mixed: torch.Tensor, conv_state: torch.Tensor, states: StateBatch):
+        """Short causal conv + SiLU of each sequence's new tokens [tokens, conv_dim], from its
+        carried state; returns the outputs and the new conv states."""
+        weight = self.conv1d.weight.squeeze(1)
+        if states.all_decode:
+            out, new_state = causal_conv1d(mixed[:, None], weight, conv_state)
+            return out[:, 0], new_state
+        out, new_state = torch.empty_like(mixed), conv_state.clone()
+        if len(states.decode_rows):
+            rows, tokens = states.decode_rows, states.decode_tokens
+            piece, new_state[rows] = causal_conv1d(mixed[tokens, None], weight, conv_state[rows])
+            out[tokens] = piece[:, 0]
+        for row, start, length in states.prefills:
+            span = slice(start, start + length)
+            piece, new_state[row] = causal_conv1d(mixed[None, span], weight, conv_state[row, None])
+            out[span] = piece[0]
+        return out, new_state
 
 
 class Qwen3_5DecoderLayer(nn.Module):
