@@ -74,8 +74,9 @@ def gated_delta_rule_varlen(q, k, v, g, beta, states, lengths: list[int]) -> tup
     if _use_fla(q):
         _, chunk = fla_kernels()
         cu_seqlens = torch.tensor([0] + lengths, dtype=torch.long).cumsum(0).to(q.device)
-        # fp32 inputs: with bf16 ones fla 0.6's chunked kernels did not finish within 120 s
-        # on the H200 (triton 3.6). Prefill only; decode steps stay in the model dtype.
+        # fp32 inputs: with bf16 ones, fla 0.6 autotuned its chunked kernels for over a
+        # minute on the H200 (triton 3.6) before the first prefill returned; fp32 did not
+        # stall. Prefill only; decode steps stay in the model dtype.
         out, new_states = chunk(q[None].float(), k[None].float(), v[None].float(), g=g[None].float(),
                                 beta=beta[None].float(), initial_state=states.float(), output_final_state=True,
                                 use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens)
