@@ -10,13 +10,19 @@ step at a time) carries the last `kernel_size - 1` inputs from one piece to the 
     next state:  [ s2  x0  x1 ]
 
 A fresh sequence starts from a zero state, which is the zero left padding of a plain
-causal convolution. CPU reference in torch; the GPU kernels come with the fla-core step.
+causal convolution. `causal_conv1d` is the torch reference (and the prefill path);
+`causal_conv1d_decode`, one new input per sequence, is one Triton kernel on CUDA.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from omniwalk.layers.fused_ops import triton, use_triton
+
+if triton is not None:
+    import triton.language as tl
 
 
 def causal_conv1d(
@@ -37,3 +43,54 @@ def causal_conv1d(
         raise ValueError(f"unsupported activation {activation!r}")
     new_state = window[:, :, window.shape[-1] - state.shape[-1]:].to(state.dtype)
     return out.transpose(1, 2).to(x.dtype), new_state
+
+
+def causal_conv1d_decode(
+    x: torch.Tensor,          # [batch, channels]: one new input per sequence
+    weight: torch.Tensor,     # [channels, kernel_size]
+    state: torch.Tensor,      # [batch, channels, kernel_size - 1]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A decode step of `causal_conv1d` + SiLU: outputs [batch, channels] and the new state.
+
+    One kernel on CUDA instead of a concatenation, a convolution, the SiLU and the state
+    slice; rounds where the torch version rounds (sum in fp32, then the weight dtype)."""
+    if not use_triton(x):
+        out, new_state = causal_conv1d(x[:, None], weight, state)
+        return out[:, 0], new_state
+    batch, channels = x.shape
+    taps = weight.shape[1]
+    out = torch.empty((batch, channels), dtype=x.dtype, device=x.device)
+    new_state = torch.empty(state.shape, dtype=state.dtype, device=state.device)
+    block = min(256, triton.next_power_of_2(channels))
+    _conv_decode_kernel[(batch, triton.cdiv(channels, block))](
+        x, weight, state, out, new_state, x.stride(0), weight.stride(0), state.stride(0), state.stride(1),
+        channels, TAPS=taps, BLOCK=block)
+    return out, new_state
+
+
+if triton is not None:
+
+    @triton.jit
+    def _conv_decode_kernel(x_ptr, weight_ptr, state_ptr, out_ptr, new_state_ptr,
+                            stride_x, stride_weight, stride_state_row, stride_state_channel, channels,
+                            TAPS: tl.constexpr, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = cols < channels
+        x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+        w_dtype = weight_ptr.dtype.element_ty
+        # window = [state_0 .. state_{TAPS-2}, x]; output = silu(sum_j w_j * window_j)
+        acc = tl.load(weight_ptr + cols * stride_weight + (TAPS - 1), mask=mask, other=0.0).to(tl.float32) \
+            * x.to(w_dtype).to(tl.float32)
+        state_row = state_ptr + row * stride_state_row + cols * stride_state_channel
+        new_state_row = new_state_ptr + (row * channels + cols) * (TAPS - 1)
+        for j in tl.static_range(TAPS - 1):
+            s = tl.load(state_row + j, mask=mask, other=0.0)
+            w = tl.load(weight_ptr + cols * stride_weight + j, mask=mask, other=0.0).to(tl.float32)
+            acc += w * s.to(w_dtype).to(tl.float32)
+            if j > 0:   # the state shifts left by one; x enters at the end
+                tl.store(new_state_row + (j - 1), s, mask=mask)
+        tl.store(new_state_row + (TAPS - 2), x.to(new_state_ptr.dtype.element_ty), mask=mask)
+        conv = acc.to(w_dtype).to(tl.float32)
+        tl.store(out_ptr + row * channels + cols,
+                 (conv / (1.0 + tl.exp(-conv))).to(w_dtype).to(out_ptr.dtype.element_ty), mask=mask)

@@ -28,9 +28,11 @@ def use_triton(x: torch.Tensor) -> bool:
 
 # ----------------------------------------------------------------------------- references
 
-def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: bool = False) -> torch.Tensor:
     normed = x.float()
     normed = normed * torch.rsqrt(normed.pow(2).mean(-1, keepdim=True) + eps)
+    if zero_centered:   # scale by 1 + weight in fp32, cast last (Qwen3.5, Gemma)
+        return (normed * (1.0 + weight.float())).to(x.dtype)
     return weight * normed.to(x.dtype)
 
 
@@ -47,19 +49,20 @@ def rotary_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> t
 
 # ----------------------------------------------------------------------------- public ops
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm over the last dim (any leading shape)."""
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: bool = False) -> torch.Tensor:
+    """RMSNorm over the last dim (any leading shape); `zero_centered`: scale by 1 + weight."""
     if not use_triton(x):
-        return rms_norm_reference(x, weight, eps)
-    return _launch_norm(x, None, weight, eps)[0]
+        return rms_norm_reference(x, weight, eps, zero_centered)
+    return _launch_norm(x, None, weight, eps, zero_centered)[0]
 
 
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                 zero_centered: bool = False):
     """(norm(x + residual), x + residual): the residual add fused into the next norm."""
     if not use_triton(x):
         summed = x + residual
-        return rms_norm_reference(summed, weight, eps), summed
-    return _launch_norm(x, residual, weight, eps)
+        return rms_norm_reference(summed, weight, eps, zero_centered), summed
+    return _launch_norm(x, residual, weight, eps, zero_centered)
 
 
 def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -74,15 +77,29 @@ def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """`rms_norm(x) * silu(gate)` over the last dim (Gated DeltaNet's output norm), with
+    transformers' casts: the norm as `rms_norm`, the gate and product in fp32, cast last."""
+    if not use_triton(x):
+        return (rms_norm_reference(x, weight, eps) * F.silu(gate.float())).to(x.dtype)
+    width = x.shape[-1]
+    x2, gate2 = x.reshape(-1, width), gate.reshape(-1, width)
+    out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    _gated_rms_norm_kernel[(x2.shape[0],)](
+        x2, gate2, weight, out, x2.stride(0), gate2.stride(0), eps, width, BLOCK=triton.next_power_of_2(width))
+    return out.view(x.shape)
+
+
 def norm_rotary(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
-                cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Optional per-head RMSNorm (Qwen3's QK-norm) then rotary, one kernel on CUDA.
+                cos: torch.Tensor, sin: torch.Tensor, zero_centered: bool = False) -> torch.Tensor:
+    """Optional per-head RMSNorm (Qwen3's QK-norm; Qwen3.5's zero-centered one) then rotary
+    of the first cos.shape[-1] dims, one kernel on CUDA.
 
     x: [num_tokens, num_heads, head_dim] (rows may be strided views of a fused projection)
     """
     if not use_triton(x):
         if weight is not None:
-            x = rms_norm_reference(x, weight, eps)
+            x = rms_norm_reference(x, weight, eps, zero_centered)
         return rotary_reference(x, cos, sin)
     num_tokens, num_heads, head_dim = x.shape
     rotary_dim = cos.shape[-1]
@@ -90,13 +107,13 @@ def norm_rotary(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
     _norm_rotary_kernel[(num_tokens, num_heads)](
         x, weight if weight is not None else x, cos, sin, out,
         x.stride(0), x.stride(1), cos.stride(0), eps,
-        HAS_NORM=weight is not None, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
+        HAS_NORM=weight is not None, ZERO_CENTERED=zero_centered, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
         HALF=rotary_dim // 2, BLOCK_HALF=triton.next_power_of_2(rotary_dim // 2),
     )
     return out
 
 
-def _launch_norm(x, residual, weight, eps):
+def _launch_norm(x, residual, weight, eps, zero_centered=False):
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
     rows, width = x2.shape
@@ -106,7 +123,7 @@ def _launch_norm(x, residual, weight, eps):
     _add_rms_norm_kernel[(rows,)](
         x2, residual2, weight, out, residual_out,
         x2.stride(0), residual2.stride(0), eps, width,
-        HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(width),
+        HAS_RESIDUAL=residual is not None, ZERO_CENTERED=zero_centered, BLOCK=triton.next_power_of_2(width),
     )
     return out.view(shape), (residual_out.view(shape) if residual is not None else None)
 
@@ -116,9 +133,16 @@ def _launch_norm(x, residual, weight, eps):
 if triton is not None:
 
     @triton.jit
+    def _scale_normed(normed, w, dtype: tl.constexpr, ZERO_CENTERED: tl.constexpr):
+        """The weight step of an RMSNorm, rounded where transformers rounds (normed, w: fp32)."""
+        if ZERO_CENTERED:
+            return (normed * (1.0 + w)).to(dtype)
+        return (w * normed.to(dtype).to(tl.float32)).to(dtype)
+
+    @triton.jit
     def _add_rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr,
                              stride_x, stride_residual, eps, width,
-                             HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+                             HAS_RESIDUAL: tl.constexpr, ZERO_CENTERED: tl.constexpr, BLOCK: tl.constexpr):
         row = tl.program_id(0)
         cols = tl.arange(0, BLOCK)
         mask = cols < width
@@ -129,9 +153,22 @@ if triton is not None:
             tl.store(residual_out_ptr + row * width + cols, x, mask=mask)
         xf = x.to(tl.float32)
         inv = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / width + eps)
-        normed = (xf * inv).to(x.dtype)
-        w = tl.load(weight_ptr + cols, mask=mask, other=0.0)
-        tl.store(out_ptr + row * width + cols, (w.to(tl.float32) * normed.to(tl.float32)).to(x.dtype), mask=mask)
+        w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + row * width + cols, _scale_normed(xf * inv, w, x.dtype, ZERO_CENTERED), mask=mask)
+
+    @triton.jit
+    def _gated_rms_norm_kernel(x_ptr, gate_ptr, weight_ptr, out_ptr, stride_x, stride_gate, eps, width,
+                               BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        cols = tl.arange(0, BLOCK)
+        mask = cols < width
+        x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+        xf = x.to(tl.float32)
+        inv = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / width + eps)
+        w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        normed = _scale_normed(xf * inv, w, x.dtype, False).to(tl.float32)
+        g = tl.load(gate_ptr + row * stride_gate + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + row * width + cols, (normed * (g / (1.0 + tl.exp(-g)))).to(x.dtype), mask=mask)
 
     @triton.jit
     def _silu_mul_kernel(gate_ptr, up_ptr, out_ptr, stride_gate, stride_up, width, BLOCK: tl.constexpr):
@@ -147,7 +184,8 @@ if triton is not None:
     @triton.jit
     def _norm_rotary_kernel(x_ptr, weight_ptr, cos_ptr, sin_ptr, out_ptr,
                             stride_token, stride_head, stride_cos, eps,
-                            HAS_NORM: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                            HAS_NORM: tl.constexpr, ZERO_CENTERED: tl.constexpr, HEAD_DIM: tl.constexpr,
+                            BLOCK_D: tl.constexpr,
                             HALF: tl.constexpr, BLOCK_HALF: tl.constexpr):
         token = tl.program_id(0)
         head = tl.program_id(1)
@@ -160,8 +198,8 @@ if triton is not None:
         if HAS_NORM:
             xf = x.to(tl.float32)
             inv = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / HEAD_DIM + eps)
-            w = tl.load(weight_ptr + dims, mask=dim_mask, other=0.0)
-            x = (w.to(tl.float32) * (xf * inv).to(dtype).to(tl.float32)).to(dtype)
+            w = tl.load(weight_ptr + dims, mask=dim_mask, other=0.0).to(tl.float32)
+            x = _scale_normed(xf * inv, w, dtype, ZERO_CENTERED)
         tl.store(dst + dims, x, mask=dim_mask & (dims >= 2 * HALF))   # the part left unrotated
         half = tl.arange(0, BLOCK_HALF)
         half_mask = half < HALF
@@ -170,8 +208,8 @@ if triton is not None:
         if HAS_NORM:   # the same normalization, on the two rotated halves
             wa = tl.load(weight_ptr + half, mask=half_mask, other=0.0).to(tl.float32)
             wb = tl.load(weight_ptr + HALF + half, mask=half_mask, other=0.0).to(tl.float32)
-            xa = (wa * (xa.to(tl.float32) * inv).to(dtype).to(tl.float32)).to(dtype)
-            xb = (wb * (xb.to(tl.float32) * inv).to(dtype).to(tl.float32)).to(dtype)
+            xa = _scale_normed(xa.to(tl.float32) * inv, wa, dtype, ZERO_CENTERED)
+            xb = _scale_normed(xb.to(tl.float32) * inv, wb, dtype, ZERO_CENTERED)
         c = tl.load(cos_ptr + token * stride_cos + half, mask=half_mask, other=0.0).to(dtype).to(tl.float32)
         s = tl.load(sin_ptr + token * stride_cos + half, mask=half_mask, other=0.0).to(dtype).to(tl.float32)
         xa = xa.to(tl.float32)

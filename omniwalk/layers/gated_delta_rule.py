@@ -53,24 +53,36 @@ def _use_fla(x: torch.Tensor) -> bool:
     return x.is_cuda and fla_kernels() is not None
 
 
-def gated_delta_rule_decode(q, k, v, g, beta, state) -> tuple[torch.Tensor, torch.Tensor]:
+def gdn_gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor):
+    """Gated DeltaNet's per-head log decay g = -exp(A_log) * softplus(a + dt_bias) (fp32: in
+    half precision exp(A_log) could overflow) and write strength beta = sigmoid(b)."""
+    return -A_log.float().exp() * F.softplus(a.float() + dt_bias), b.sigmoid()
+
+
+def gated_delta_rule_decode(q, k, v, a, b, A_log, dt_bias, state) -> tuple[torch.Tensor, torch.Tensor]:
     """One new token per sequence: q, k [batch, 1, key_heads, key_dim], v [batch, 1, value_heads,
-    value_dim], g, beta [batch, 1, value_heads], state [batch, value_heads, key_dim, value_dim].
-    Returns the output [batch, 1, value_heads, value_dim] and the new state (fp32)."""
+    value_dim], the gate inputs a, b [batch, 1, value_heads] (see `gdn_gates`), state [batch,
+    value_heads, key_dim, value_dim]. Returns the output [batch, 1, value_heads, value_dim]
+    and the new state (fp32)."""
     if _use_fla(q):
         fused_recurrent, _ = fla_kernels()
-        return fused_recurrent(q, k, v, g=g.float(), beta=beta, initial_state=state.float(),
-                               output_final_state=True, use_qk_l2norm_in_kernel=True)
+        # the gates are computed inside the kernel: six elementwise kernels fewer per layer
+        return fused_recurrent(q, k, v, g=a, beta=b, initial_state=state.float(), output_final_state=True,
+                               use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=A_log,
+                               dt_bias=dt_bias, use_beta_sigmoid_in_kernel=True)
+    g, beta = gdn_gates(a, b, A_log, dt_bias)
     return recurrent_gated_delta_rule(q, k, v, g, beta, state)
 
 
-def gated_delta_rule_varlen(q, k, v, g, beta, states, lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+def gated_delta_rule_varlen(q, k, v, a, b, A_log, dt_bias, states,
+                            lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """A ragged batch: sequence i owns the next lengths[i] rows of the flat token dim.
 
-    q, k [tokens, key_heads, key_dim], v [tokens, value_heads, value_dim], g, beta [tokens,
-    value_heads], states [len(lengths), value_heads, key_dim, value_dim] (the states before
-    each sequence's first token). Returns the output [tokens, value_heads, value_dim] and the
-    new states [len(lengths), ...] (fp32)."""
+    q, k [tokens, key_heads, key_dim], v [tokens, value_heads, value_dim], the gate inputs
+    a, b [tokens, value_heads], states [len(lengths), value_heads, key_dim, value_dim] (the
+    states before each sequence's first token). Returns the output [tokens, value_heads,
+    value_dim] and the new states [len(lengths), ...] (fp32)."""
+    g, beta = gdn_gates(a, b, A_log, dt_bias)
     if _use_fla(q):
         _, chunk = fla_kernels()
         cu_seqlens = torch.tensor([0] + lengths, dtype=torch.long).cumsum(0).to(q.device)

@@ -4,7 +4,6 @@ zero-centered (`1 + weight`: Qwen3.5, Gemma) and gated (Gated DeltaNet outputs).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from omniwalk.layers import fused_ops
@@ -46,9 +45,11 @@ class ZeroCenteredRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., dim]
-        normed = x.float()
-        normed = normed * torch.rsqrt(normed.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (normed * (1.0 + self.weight.float())).to(x.dtype)
+        return fused_ops.rms_norm(x, self.weight, self.eps, zero_centered=True)
+
+    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual), one kernel on CUDA."""
+        return fused_ops.add_rms_norm(x, residual, self.weight, self.eps, zero_centered=True)
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.eps}"
@@ -60,5 +61,4 @@ class GatedRMSNorm(RMSNorm):
     gate in fp32, cast back."""
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:  # x, gate: [..., dim]
-        gated = super().forward(x) * F.silu(gate.to(torch.float32))
-        return gated.to(x.dtype)
+        return fused_ops.gated_rms_norm(x, gate, self.weight, self.eps)

@@ -8,7 +8,6 @@ not precision. Written ahead of their first GPU run: see the issues for their st
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 from omniwalk import Engine, EngineArgs, GenerationRequest, SamplingParams
 from omniwalk.layers import gated_delta_rule as gdr
@@ -23,30 +22,33 @@ def run_on(device: str, model: str, fn, dtype: str = "float32", **engine_args):
 
 
 def delta_rule_inputs(batch, seq_len, dtype, key_heads=4, value_heads=8, dim=64):
+    """q, k, v and the raw gate inputs a, b, A_log, dt_bias (see `gdn_gates`)."""
     gen = torch.Generator("cuda").manual_seed(0)
     def rand(*shape):
         return torch.randn(*shape, generator=gen, device="cuda")
     q, k = rand(batch, seq_len, key_heads, dim).to(dtype), rand(batch, seq_len, key_heads, dim).to(dtype)
     v = rand(batch, seq_len, value_heads, dim).to(dtype)
-    g = -F.softplus(rand(batch, seq_len, value_heads)) * 0.5
-    beta = torch.sigmoid(rand(batch, seq_len, value_heads)).to(dtype)
-    return q, k, v, g, beta
+    a, b = rand(batch, seq_len, value_heads).to(dtype), rand(batch, seq_len, value_heads).to(dtype)
+    return q, k, v, a, b, rand(value_heads).to(dtype), rand(value_heads).to(dtype)
 
 
 def test_fla_kernels_match_the_torch_reference():
-    """fla-core's decode and ragged-prefill kernels vs omniwalk's torch delta rule (fp32).
-    fla's chunked kernel multiplies in tf32, hence the looser prefill tolerance."""
+    """fla-core's decode (gates computed in the kernel) and ragged-prefill kernels vs
+    omniwalk's torch delta rule (fp32). fla's chunked kernel multiplies in tf32, hence the
+    looser prefill tolerance."""
     assert gdr.fla_kernels() is not None, "fla-core must be installed for the GPU path"
-    q, k, v, g, beta = delta_rule_inputs(3, 1, torch.float32)
+    q, k, v, a, b, A_log, dt_bias = delta_rule_inputs(3, 1, torch.float32)
     state = torch.randn(3, 8, 64, 64, device="cuda") * 0.1
-    out, new_state = gdr.gated_delta_rule_decode(q, k, v, g, beta, state)
+    out, new_state = gdr.gated_delta_rule_decode(q, k, v, a, b, A_log, dt_bias, state)
+    g, beta = gdr.gdn_gates(a, b, A_log, dt_bias)
     ref_out, ref_state = gdr.recurrent_gated_delta_rule(q, k, v, g, beta, state)
     assert (out - ref_out).abs().max() < 1e-4 and (new_state - ref_state).abs().max() < 1e-4
 
     lengths = [5, 1, 130, 64]           # decode rows are sequences of length 1 in a mixed batch
-    q, k, v, g, beta = (x[0] for x in delta_rule_inputs(1, sum(lengths), torch.float32))
+    q, k, v, a, b = (x[0] for x in delta_rule_inputs(1, sum(lengths), torch.float32)[:5])
     states = torch.randn(len(lengths), 8, 64, 64, device="cuda") * 0.1
-    out, new_states = gdr.gated_delta_rule_varlen(q, k, v, g, beta, states, lengths)
+    out, new_states = gdr.gated_delta_rule_varlen(q, k, v, a, b, A_log, dt_bias, states, lengths)
+    g, beta = gdr.gdn_gates(a, b, A_log, dt_bias)
     start = 0
     for i, length in enumerate(lengths):
         span = slice(start, start + length)

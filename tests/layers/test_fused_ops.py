@@ -29,16 +29,25 @@ def assert_close(got, expected):
     torch.testing.assert_close(got, expected, **tolerance)
 
 
+@pytest.mark.parametrize("zero_centered", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rms_norm_and_add(force_triton, dtype):
+def test_rms_norm_and_add(force_triton, dtype, zero_centered):
     torch.manual_seed(0)
     x = torch.randn(5, 48, dtype=dtype)
     residual = torch.randn(5, 48, dtype=dtype)
     weight = torch.randn(48, dtype=dtype)
-    assert_close(fused_ops.rms_norm(x, weight, 1e-6), rms_norm_reference(x, weight, 1e-6))
-    normed, summed = fused_ops.add_rms_norm(x, residual, weight, 1e-6)
+    assert_close(fused_ops.rms_norm(x, weight, 1e-6, zero_centered),
+                 rms_norm_reference(x, weight, 1e-6, zero_centered))
+    normed, summed = fused_ops.add_rms_norm(x, residual, weight, 1e-6, zero_centered)
     assert_close(summed, x + residual)
-    assert_close(normed, rms_norm_reference(x + residual, weight, 1e-6))
+    assert_close(normed, rms_norm_reference(x + residual, weight, 1e-6, zero_centered))
+
+
+def test_zero_centered_reference_scales_by_one_plus_weight_in_fp32():
+    x, weight = torch.randn(3, 16, dtype=torch.bfloat16), torch.randn(16, dtype=torch.bfloat16)
+    normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)
+    assert torch.equal(rms_norm_reference(x, weight, 1e-6, zero_centered=True),
+                       (normed * (1 + weight.float())).to(torch.bfloat16))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -50,10 +59,10 @@ def test_silu_and_mul(force_triton, dtype):
     assert_close(fused_ops.silu_and_mul(gate, up), expected)
 
 
-@pytest.mark.parametrize("with_norm", [False, True])
-@pytest.mark.parametrize("rotary_fraction", [1.0, 0.5])
+@pytest.mark.parametrize("with_norm,zero_centered", [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("rotary_fraction", [1.0, 0.5, 0.25])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_norm_rotary(force_triton, with_norm, rotary_fraction, dtype):
+def test_norm_rotary(force_triton, with_norm, zero_centered, rotary_fraction, dtype):
     torch.manual_seed(2)
     head_dim = 32
     rotary = RotaryEmbedding(int(head_dim * rotary_fraction), 10000.0)
@@ -62,6 +71,31 @@ def test_norm_rotary(force_triton, with_norm, rotary_fraction, dtype):
     fused = torch.randn(4, 3 * head_dim * 2, dtype=dtype)
     x = fused[:, : 3 * head_dim].view(4, 3, head_dim)          # a strided slice of a fused qkv
     weight = torch.randn(head_dim, dtype=dtype) if with_norm else None
-    expected = rotary_reference(rms_norm_reference(x, weight, 1e-6) if with_norm else x, cos, sin)
-    got = fused_ops.norm_rotary(x, weight, 1e-6, cos, sin)
+    normed = rms_norm_reference(x, weight, 1e-6, zero_centered) if with_norm else x
+    expected = rotary_reference(normed, cos, sin)
+    got = fused_ops.norm_rotary(x, weight, 1e-6, cos, sin, zero_centered)
     assert_close(got, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gated_rms_norm(force_triton, dtype):
+    torch.manual_seed(3)
+    x, gate = torch.randn(4, 3, 24, dtype=dtype), torch.randn(4, 3, 24, dtype=dtype)
+    weight = torch.randn(24, dtype=dtype)
+    expected = (rms_norm_reference(x, weight, 1e-6) * torch.nn.functional.silu(gate.float())).to(dtype)
+    assert_close(fused_ops.gated_rms_norm(x, gate, weight, 1e-6), expected)
+
+
+@pytest.mark.parametrize("taps", [2, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_causal_conv1d_decode_step(force_triton, monkeypatch, taps, dtype):
+    from omniwalk.layers import causal_conv
+    monkeypatch.setattr(causal_conv, "use_triton", lambda x: True)
+    torch.manual_seed(4)
+    x = torch.randn(3, 40, dtype=dtype)
+    weight = torch.randn(40, taps, dtype=dtype)
+    state = torch.randn(3, 40, taps - 1, dtype=dtype)
+    expected_out, expected_state = causal_conv.causal_conv1d(x[:, None], weight, state)
+    out, new_state = causal_conv.causal_conv1d_decode(x, weight, state)
+    assert_close(out, expected_out[:, 0])
+    assert torch.equal(new_state, expected_state)

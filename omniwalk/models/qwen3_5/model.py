@@ -17,16 +17,16 @@ DeltaNet, which scales by `weight`.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from omniwalk.engine.attention import PagedAttention
 from omniwalk.engine.state_pool import StateBatch
-from omniwalk.layers.causal_conv import causal_conv1d
+from omniwalk.layers.causal_conv import causal_conv1d, causal_conv1d_decode
+from omniwalk.layers.fused_ops import norm_rotary
 from omniwalk.layers.gated_delta_rule import gated_delta_rule_decode, gated_delta_rule_varlen
 from omniwalk.layers.mlp import GatedMLP
 from omniwalk.layers.norm import GatedRMSNorm, ZeroCenteredRMSNorm
-from omniwalk.layers.rotary import RotaryEmbedding, apply_rotary
+from omniwalk.layers.rotary import RotaryEmbedding
 from omniwalk.models.qwen3_5.config import LINEAR_ATTENTION, Qwen3_5Config
 
 
@@ -59,8 +59,10 @@ class GatedAttention(nn.Module):
         # x: [num_tokens, hidden]; cos, sin: [num_tokens, rotary_dim]
         num_tokens = x.shape[0]
         q, gate = self.q_proj(x).view(num_tokens, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
-        q = apply_rotary(self.q_norm(q), cos, sin)                                   # [tokens, heads, head_dim]
-        k = apply_rotary(self.k_norm(self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)), cos, sin)
+        # per-head zero-centered norm, then rotary on the first rotary_dim dims: one kernel on CUDA
+        q = norm_rotary(q, self.q_norm.weight, self.q_norm.eps, cos, sin, zero_centered=True)   # [tokens, heads, head_dim]
+        k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        k = norm_rotary(k, self.k_norm.weight, self.k_norm.eps, cos, sin, zero_centered=True)
         v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
         out = attention.forward(self.cache_layer, q, k, v, self.scale)               # [tokens, heads, head_dim]
         out = out.reshape(num_tokens, -1) * torch.sigmoid(gate.reshape(num_tokens, -1))
@@ -73,6 +75,8 @@ class GatedDeltaNet(nn.Module):
         x -> in_proj_qkv -> short causal conv + SiLU -> q | k | v        (conv state)
         x -> in_proj_b -> beta = sigmoid(b)                              write strength per head
         x -> in_proj_a -> g = -exp(A_log) * softplus(a + dt_bias)        log decay per head
+                          (both computed by `omniwalk.layers.gated_delta_rule`, in fla's
+                          kernel for a decode step on CUDA)
         delta rule(q, k, v, g, beta)                                     (recurrent state)
         -> norm(., gate = in_proj_z(x)) -> out_proj
 
@@ -106,9 +110,7 @@ class GatedDeltaNet(nn.Module):
     def forward(self, x: torch.Tensor, states: StateBatch) -> torch.Tensor:  # x: [num_tokens, hidden]
         num_tokens = x.shape[0]
         mixed = self.in_proj_qkv(x)                                                  # [tokens, conv_dim]
-        beta = self.in_proj_b(x).sigmoid()                                           # [tokens, v_heads]
-        # in fp32: in half precision exp(A_log) could overflow
-        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)
+        a, b = self.in_proj_a(x), self.in_proj_b(x)      # [tokens, v_heads]: decay and write-strength inputs
 
         conv_state, recurrent_state = states.read(self.state_layer)
         mixed, new_conv = self._convolve(mixed, conv_state, states)
@@ -118,10 +120,11 @@ class GatedDeltaNet(nn.Module):
         v = v.reshape(num_tokens, self.num_v_heads, self.head_v_dim)
         if states.all_decode:   # one token per sequence: one batched recurrent step
             core, new_recurrent = gated_delta_rule_decode(
-                q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None], recurrent_state)
+                q[:, None], k[:, None], v[:, None], a[:, None], b[:, None], self.A_log, self.dt_bias, recurrent_state)
             core = core[:, 0]
         else:
-            core, new_recurrent = gated_delta_rule_varlen(q, k, v, g, beta, recurrent_state, states.query_lens)
+            core, new_recurrent = gated_delta_rule_varlen(
+                q, k, v, a, b, self.A_log, self.dt_bias, recurrent_state, states.query_lens)
         states.write(self.state_layer, new_conv, new_recurrent)
 
         z = self.in_proj_z(x).view(num_tokens, self.num_v_heads, self.head_v_dim)
@@ -132,8 +135,7 @@ class GatedDeltaNet(nn.Module):
         carried state; returns the outputs and the new conv states."""
         weight = self.conv1d.weight.squeeze(1)
         if states.all_decode:
-            out, new_state = causal_conv1d(mixed[:, None], weight, conv_state)
-            return out[:, 0], new_state
+            return causal_conv1d_decode(mixed, weight, conv_state)
         out, new_state = torch.empty_like(mixed), conv_state.clone()
         if len(states.decode_rows):
             rows, tokens = states.decode_rows, states.decode_tokens
@@ -147,8 +149,9 @@ class GatedDeltaNet(nn.Module):
 
 
 class Qwen3_5DecoderLayer(nn.Module):
-    """Pre-norm block: x + mixer(norm(x)), then x + mlp(norm(x)); the mixer is
-    `linear_attn` (Gated DeltaNet) or `self_attn` (gated attention)."""
+    """Pre-norm block: x + mixer(norm(x)), then x + mlp(norm(x)), with the adds deferred
+    into the next norm; the mixer is `linear_attn` (Gated DeltaNet) or `self_attn` (gated
+    attention)."""
 
     def __init__(self, config: Qwen3_5Config, layer_index: int):
         super().__init__()
@@ -161,11 +164,17 @@ class Qwen3_5DecoderLayer(nn.Module):
         self.input_layernorm = ZeroCenteredRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = ZeroCenteredRMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                attention: PagedAttention, states: StateBatch) -> torch.Tensor:
-        h = self.input_layernorm(x)
-        x = x + (self.linear_attn(h, states) if self.is_linear else self.self_attn(h, cos, sin, attention))
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+                attention: PagedAttention, states: StateBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        # x: the previous block's output, residual: the stream before it (None at layer 0);
+        # each residual add is fused into the norm that follows it.
+        if residual is None:
+            residual, hidden = x, self.input_layernorm(x)
+        else:
+            hidden, residual = self.input_layernorm.add_and_norm(x, residual)
+        hidden = self.linear_attn(hidden, states) if self.is_linear else self.self_attn(hidden, cos, sin, attention)
+        hidden, residual = self.post_attention_layernorm.add_and_norm(hidden, residual)
+        return self.mlp(hidden), residual
 
 
 class Qwen3_5Model(nn.Module):
@@ -181,10 +190,10 @@ class Qwen3_5Model(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 attention: PagedAttention, states: StateBatch) -> torch.Tensor:
         cos, sin = self.rotary_emb(positions)
-        x = self.embed_tokens(input_ids)
+        x, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
-            x = layer(x, cos, sin, attention, states)
-        return self.norm(x)
+            x, residual = layer(x, residual, cos, sin, attention, states)
+        return self.norm.add_and_norm(x, residual)[0]
 
 
 class Qwen3_5ForCausalLM(nn.Module):
