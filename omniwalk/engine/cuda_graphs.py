@@ -53,6 +53,7 @@ class DecodeGraphs:
         self.page_table = torch.full((size, self.max_pages), self.scratch_page, dtype=torch.int32, **on)
         self.state_pool = state_pool
         self.state_batches: dict[int, StateBatch] = {}     # bucket -> its captured states
+        self.commit_graphs: dict[int, torch.cuda.CUDAGraph] = {}   # bucket -> its states' commit
         if state_pool is not None:
             self.scratch_slot = state_pool.allocate(SCRATCH_STATE_HANDLE)   # owned by no sequence, ever
             self.state_slots = torch.full((size,), self.scratch_slot, dtype=torch.long, **on)
@@ -92,6 +93,11 @@ class DecodeGraphs:
                     logits = self._forward(batch)
                 pool = graph.pool()
                 self.graphs[batch] = (graph, logits)
+                if self.state_pool is not None:   # one replay instead of two launches per layer
+                    commit = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(commit, pool=pool, stream=stream):
+                        self.state_batches[batch].commit()
+                    self.commit_graphs[batch] = commit
         torch.cuda.current_stream(self.device).wait_stream(stream)
         torch.cuda.synchronize(self.device)
 
@@ -141,9 +147,9 @@ class DecodeGraphs:
         self._last_batch = batch
         return logits[:n]
 
-    def commit_states(self, rows: torch.Tensor | None = None) -> None:
-        """Write the recurrent states of the last replay into the pool (all rows, or `rows`)."""
-        self.state_batches[self._last_batch].commit(rows)
+    def commit_states(self) -> None:
+        """Write the recurrent states of the last replay into the pool (padded rows: the scratch slot)."""
+        self.commit_graphs[self._last_batch].replay()
 
     def copy_to_host(self, tokens: torch.Tensor) -> "HostCopy":
         """Start copying `tokens` [n] to pinned host memory; `wait()` returns them as a list."""

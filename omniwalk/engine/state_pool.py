@@ -154,11 +154,9 @@ class StateBatch:
         """The states after this pass (same shapes as `read`); kept aside until `commit`."""
         self._pending[layer] = (conv, recurrent)
 
-    def commit(self, rows: torch.Tensor | None = None) -> None:
-        """Write the new states into the pool: every sequence's, or only those of `rows`."""
-        slots = self.slot_index if rows is None else self.slot_index.index_select(0, rows)
+    def commit(self) -> None:
+        """Write the new states into the pool (in a CUDA graph's batch, whatever slots its
+        buffer holds when the commit runs)."""
         for layer, (conv, recurrent) in self._pending.items():
-            if rows is not None:
-                conv, recurrent = conv.index_select(0, rows), recurrent.index_select(0, rows)
-            self.pool.conv[layer].index_copy_(0, slots, conv.to(self.pool.conv.dtype))
-            self.pool.recurrent[layer].index_copy_(0, slots, recurrent.float())
+            self.pool.conv[layer].index_copy_(0, self.slot_index, conv.to(self.pool.conv.dtype))
+            self.pool.recurrent[layer].index_copy_(0, self.slot_index, recurrent.float())

@@ -185,9 +185,9 @@ def test_state_batch_reaches_the_pool_only_on_commit():
     assert not pool.conv[0].any()
 
 
-def test_decode_graph_state_batch_reads_its_slot_buffer_at_each_use_and_commits_chosen_rows():
-    """A CUDA graph's StateBatch: the slots are whatever the static buffer holds at replay
-    time, and a commit may be limited to some rows."""
+def test_decode_graph_state_batch_reads_and_commits_the_slots_its_buffer_holds_at_each_use():
+    """A CUDA graph's StateBatch: the slots are whatever the static buffer holds when the
+    graph (or its commit graph) replays."""
     pool = tiny_pool(4)
     slots = [pool.allocate(h) for h in (1, 2, 3)]
     pool.recurrent[0, slots[2]] = 7.0
@@ -198,10 +198,12 @@ def test_decode_graph_state_batch_reads_its_slot_buffer_at_each_use_and_commits_
     conv, recurrent = batch.read(0)
     assert (recurrent[1] == 7).all() and not recurrent[0].any()
     batch.write(0, conv + 1, recurrent + 1)
-    batch.commit(rows=torch.tensor([1]))
-    assert (pool.recurrent[0, slots[2]] == 8).all() and not pool.recurrent[0, slots[0]].any()
-    batch.commit()                             # the graph's outputs stay: commit again, all rows
-    assert (pool.conv[0, slots[0]] == 1).all() and (pool.recurrent[0, slots[2]] == 8).all()
+    buffer[0] = slots[1]
+    batch.commit()
+    assert (pool.recurrent[0, slots[2]] == 8).all() and (pool.recurrent[0, slots[1]] == 1).all()
+    assert not pool.recurrent[0, slots[0]].any()
+    batch.commit()                             # the graph's outputs stay: a commit can replay
+    assert (pool.recurrent[0, slots[2]] == 8).all()
 
 
 # ---------------------------------------------------------------- the model
