@@ -78,16 +78,19 @@ def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 
 def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """`rms_norm(x) * silu(gate)` over the last dim (Gated DeltaNet's output norm), with
+    """`rms_norm(x) * silu(gate)` per head, x and gate [tokens, heads, dim] (Gated DeltaNet's
+    output norm), with
     transformers' casts: the norm as `rms_norm`, the gate and product in fp32, cast last."""
     if not use_triton(x):
         return (rms_norm_reference(x, weight, eps) * F.silu(gate.float())).to(x.dtype)
-    width = x.shape[-1]
-    x2, gate2 = x.reshape(-1, width), gate.reshape(-1, width)
-    out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
-    _gated_rms_norm_kernel[(x2.shape[0],)](
-        x2, gate2, weight, out, x2.stride(0), gate2.stride(0), eps, width, BLOCK=triton.next_power_of_2(width))
-    return out.view(x.shape)
+    # x, gate: [tokens, heads, dim]; the gate may be a strided view of a packed projection
+    tokens, heads, width = x.shape
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    _gated_rms_norm_kernel[(tokens * heads,)](
+        x, gate, weight, out, heads, gate.stride(0), gate.stride(1), eps, width,
+        BLOCK=triton.next_power_of_2(width))
+    return out
 
 
 def norm_rotary(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
@@ -157,17 +160,18 @@ if triton is not None:
         tl.store(out_ptr + row * width + cols, _scale_normed(xf * inv, w, x.dtype, ZERO_CENTERED), mask=mask)
 
     @triton.jit
-    def _gated_rms_norm_kernel(x_ptr, gate_ptr, weight_ptr, out_ptr, stride_x, stride_gate, eps, width,
-                               BLOCK: tl.constexpr):
-        row = tl.program_id(0)
+    def _gated_rms_norm_kernel(x_ptr, gate_ptr, weight_ptr, out_ptr, heads, stride_gate_token, stride_gate_head,
+                               eps, width, BLOCK: tl.constexpr):
+        row = tl.program_id(0)   # token * heads + head
         cols = tl.arange(0, BLOCK)
         mask = cols < width
-        x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+        x = tl.load(x_ptr + row * width + cols, mask=mask, other=0.0)
         xf = x.to(tl.float32)
         inv = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / width + eps)
         w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
         normed = _scale_normed(xf * inv, w, x.dtype, False).to(tl.float32)
-        g = tl.load(gate_ptr + row * stride_gate + cols, mask=mask, other=0.0).to(tl.float32)
+        gate_row = gate_ptr + (row // heads) * stride_gate_token + (row % heads) * stride_gate_head
+        g = tl.load(gate_row + cols, mask=mask, other=0.0).to(tl.float32)
         tl.store(out_ptr + row * width + cols, (normed * (g / (1.0 + tl.exp(-g)))).to(x.dtype), mask=mask)
 
     @triton.jit

@@ -80,7 +80,8 @@ def test_norm_rotary(force_triton, with_norm, zero_centered, rotary_fraction, dt
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gated_rms_norm(force_triton, dtype):
     torch.manual_seed(3)
-    x, gate = torch.randn(4, 3, 24, dtype=dtype), torch.randn(4, 3, 24, dtype=dtype)
+    x = torch.randn(4, 3, 24, dtype=dtype)
+    gate = torch.randn(4, 100, dtype=dtype)[:, 10:82].view(4, 3, 24)   # a strided view, as from a packed projection
     weight = torch.randn(24, dtype=dtype)
     expected = (rms_norm_reference(x, weight, 1e-6) * torch.nn.functional.silu(gate.float())).to(dtype)
     assert_close(fused_ops.gated_rms_norm(x, gate, weight, 1e-6), expected)
@@ -92,7 +93,7 @@ def test_causal_conv1d_decode_step(force_triton, monkeypatch, taps, dtype):
     from omniwalk.layers import causal_conv
     monkeypatch.setattr(causal_conv, "use_triton", lambda x: True)
     torch.manual_seed(4)
-    x = torch.randn(3, 40, dtype=dtype)
+    x = torch.randn(3, 70, dtype=dtype)[:, 10:50]   # a strided view, as from a packed projection
     weight = torch.randn(40, taps, dtype=dtype)
     state = torch.randn(3, 40, taps - 1, dtype=dtype)
     expected_out, expected_state = causal_conv.causal_conv1d(x[:, None], weight, state)

@@ -8,7 +8,9 @@ As in `omniwalk.layers.transformer` there is no batch dimension: a pass takes th
 tokens of every sequence concatenated. Attention layers see the batch through the
 `PagedAttention`, recurrent layers through the `StateBatch` (which tokens belong to which
 sequence, and each sequence's states). Module and parameter names equal transformers'
-(`model.layers.0.linear_attn.in_proj_qkv.weight`), so checkpoints load by name.
+(`model.layers.0.linear_attn.out_proj.weight`), so checkpoints load by name, except the
+projections packed into one GEMM (`packed_projections`: in_proj_qkv/_z/_b/_a -> in_proj,
+q/k/v_proj -> qkv_proj), which the loader fills row range by row range.
 
 Norms scale by `1 + weight` (ZeroCenteredRMSNorm), except the gated output norm of the
 DeltaNet, which scales by `weight`.
@@ -30,6 +32,16 @@ from omniwalk.layers.rotary import RotaryEmbedding
 from omniwalk.models.qwen3_5.config import LINEAR_ATTENTION, Qwen3_5Config
 
 
+def _packing(widths: dict[str, int], target: str) -> dict[str, tuple[str, int, int]]:
+    """`packed_projections` (see `omniwalk.models.loader`): each checkpoint projection's rows
+    in the packed `target`, in order."""
+    packing, start = {}, 0
+    for name, width in widths.items():
+        packing[name] = (target, start, start + width)
+        start += width
+    return packing
+
+
 class GatedAttention(nn.Module):
     """GQA with per-head QK norm, partial rotary, and a sigmoid output gate per channel.
 
@@ -47,9 +59,11 @@ class GatedAttention(nn.Module):
         self.head_dim = config.head_dim
         self.scale = config.head_dim ** -0.5
         bias = config.attention_bias
-        self.q_proj = nn.Linear(config.hidden_size, 2 * config.q_size, bias=bias)
-        self.k_proj = nn.Linear(config.hidden_size, config.kv_size, bias=bias)
-        self.v_proj = nn.Linear(config.hidden_size, config.kv_size, bias=bias)
+        # q (+ its gate), k and v in one projection (loaded from q_proj/k_proj/v_proj)
+        self.splits = [2 * config.q_size, config.kv_size, config.kv_size]
+        self.qkv_proj = nn.Linear(config.hidden_size, sum(self.splits), bias=bias)
+        self.packed_projections = _packing({"q_proj": self.splits[0], "k_proj": self.splits[1],
+                                            "v_proj": self.splits[2]}, "qkv_proj")
         self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=bias)
         self.q_norm = ZeroCenteredRMSNorm(config.head_dim, config.rms_norm_eps)
         self.k_norm = ZeroCenteredRMSNorm(config.head_dim, config.rms_norm_eps)
@@ -58,12 +72,13 @@ class GatedAttention(nn.Module):
                 attention: PagedAttention) -> torch.Tensor:
         # x: [num_tokens, hidden]; cos, sin: [num_tokens, rotary_dim]
         num_tokens = x.shape[0]
-        q, gate = self.q_proj(x).view(num_tokens, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
+        q_gate, k, v = self.qkv_proj(x).split(self.splits, dim=-1)
+        q, gate = q_gate.view(num_tokens, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
         # per-head zero-centered norm, then rotary on the first rotary_dim dims: one kernel on CUDA
         q = norm_rotary(q, self.q_norm.weight, self.q_norm.eps, cos, sin, zero_centered=True)   # [tokens, heads, head_dim]
-        k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         k = norm_rotary(k, self.k_norm.weight, self.k_norm.eps, cos, sin, zero_centered=True)
-        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         out = attention.forward(self.cache_layer, q, k, v, self.scale)               # [tokens, heads, head_dim]
         out = out.reshape(num_tokens, -1) * torch.sigmoid(gate.reshape(num_tokens, -1))
         return self.o_proj(out)
@@ -96,10 +111,11 @@ class GatedDeltaNet(nn.Module):
         self.value_dim = config.linear_value_dim
         conv_dim = config.linear_conv_dim
         kernel = config.linear_conv_kernel_dim
-        self.in_proj_qkv = nn.Linear(config.hidden_size, conv_dim, bias=False)
-        self.in_proj_z = nn.Linear(config.hidden_size, self.value_dim, bias=False)
-        self.in_proj_b = nn.Linear(config.hidden_size, self.num_v_heads, bias=False)
-        self.in_proj_a = nn.Linear(config.hidden_size, self.num_v_heads, bias=False)
+        # the four input projections in one GEMM (loaded from in_proj_qkv/_z/_b/_a)
+        self.splits = [conv_dim, self.value_dim, self.num_v_heads, self.num_v_heads]
+        self.in_proj = nn.Linear(config.hidden_size, sum(self.splits), bias=False)
+        self.packed_projections = _packing({"in_proj_qkv": conv_dim, "in_proj_z": self.value_dim,
+                                            "in_proj_b": self.num_v_heads, "in_proj_a": self.num_v_heads}, "in_proj")
         # depthwise; only its weight [conv_dim, 1, kernel] is used, by `causal_conv1d`
         self.conv1d = nn.Conv1d(conv_dim, conv_dim, kernel, groups=conv_dim, padding=kernel - 1, bias=False)
         self.dt_bias = nn.Parameter(torch.ones(self.num_v_heads))
@@ -109,8 +125,9 @@ class GatedDeltaNet(nn.Module):
 
     def forward(self, x: torch.Tensor, states: StateBatch) -> torch.Tensor:  # x: [num_tokens, hidden]
         num_tokens = x.shape[0]
-        mixed = self.in_proj_qkv(x)                                                  # [tokens, conv_dim]
-        a, b = self.in_proj_a(x), self.in_proj_b(x)      # [tokens, v_heads]: decay and write-strength inputs
+        # mixed [tokens, conv_dim], z [tokens, value_dim], b, a [tokens, v_heads]: strided views
+        # of one buffer; a and b are the decay and write-strength inputs
+        mixed, z, b, a = self.in_proj(x).split(self.splits, dim=-1)
 
         conv_state, recurrent_state = states.read(self.state_layer)
         mixed, new_conv = self._convolve(mixed, conv_state, states)
@@ -127,7 +144,7 @@ class GatedDeltaNet(nn.Module):
                 q, k, v, a, b, self.A_log, self.dt_bias, recurrent_state, states.query_lens)
         states.write(self.state_layer, new_conv, new_recurrent)
 
-        z = self.in_proj_z(x).view(num_tokens, self.num_v_heads, self.head_v_dim)
+        z = z.view(num_tokens, self.num_v_heads, self.head_v_dim)
         return self.out_proj(self.norm(core, z).reshape(num_tokens, self.value_dim))
 
     def _convolve(self, mixed: torch.Tensor, conv_state: torch.Tensor, states: StateBatch):
