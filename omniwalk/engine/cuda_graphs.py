@@ -14,6 +14,10 @@ device, so one step costs one replay, the sampler's kernels and one copy to the 
 A hybrid model (recurrent layers with a `StatePool`) also gets each row's state slot as an
 input buffer; padded rows use a scratch slot. The new states stay in the graph's output
 tensors until the executor calls `commit_states`, once the step succeeded.
+
+On a CPU nothing is captured: `run` computes the same forward eagerly from the same
+buffers, so everything built on decode graphs (the look-ahead step, the state commit)
+runs in CI too. It brings no speed there, so CPU engines do not use it by default.
 """
 
 from __future__ import annotations
@@ -58,12 +62,14 @@ class DecodeGraphs:
             self.scratch_slot = state_pool.allocate(SCRATCH_STATE_HANDLE)   # owned by no sequence, ever
             self.state_slots = torch.full((size,), self.scratch_slot, dtype=torch.long, **on)
         self._last_batch = 0
+        self.on_cuda = self.device.type == "cuda"
+        pinned = dict(pin_memory=self.on_cuda)
         # pinned staging: [ids; positions; slots; state slots] and [context_len, page table...]
-        self.host_longs = torch.zeros(4, size, dtype=torch.long, pin_memory=True)
-        self.host_ints = torch.zeros(size, 1 + self.max_pages, dtype=torch.int32, pin_memory=True)
+        self.host_longs = torch.zeros(4, size, dtype=torch.long, **pinned)
+        self.host_ints = torch.zeros(size, 1 + self.max_pages, dtype=torch.int32, **pinned)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         # two pinned buffers for look-ahead copies: one in flight while the other is read
-        self._copy_slots = [torch.zeros(size, dtype=torch.long, pin_memory=True) for _ in range(2)]
+        self._copy_slots = [torch.zeros(size, dtype=torch.long, **pinned) for _ in range(2)]
         self._next_copy_slot = 0
 
     def _forward(self, batch: int) -> torch.Tensor:
@@ -81,6 +87,8 @@ class DecodeGraphs:
 
     @torch.inference_mode()
     def capture(self) -> None:
+        if not self.on_cuda:
+            return
         pool = None
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
@@ -142,23 +150,30 @@ class DecodeGraphs:
         self.slots[:batch].copy_(self.host_longs[2, :batch], non_blocking=True)
         self.context_lens[:batch].copy_(self.host_ints[:batch, 0], non_blocking=True)
         self.page_table[:batch, :width].copy_(self.host_ints[:batch, 1 : 1 + width], non_blocking=True)
+        self._last_batch = batch
+        if not self.on_cuda:
+            return self._forward(batch)[:n]
         graph, logits = self.graphs[batch]
         graph.replay()
-        self._last_batch = batch
         return logits[:n]
 
     def commit_states(self) -> None:
         """Write the recurrent states of the last replay into the pool (padded rows: the scratch slot)."""
-        self.commit_graphs[self._last_batch].replay()
+        if self.on_cuda:
+            self.commit_graphs[self._last_batch].replay()
+        else:
+            self.state_batches[self._last_batch].commit()
 
     def copy_to_host(self, tokens: torch.Tensor) -> "HostCopy":
         """Start copying `tokens` [n] to pinned host memory; `wait()` returns them as a list."""
         n = tokens.shape[0]
         slot = self._copy_slots[self._next_copy_slot]
         self._next_copy_slot ^= 1
-        slot[:n].copy_(tokens, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record()
+        slot[:n].copy_(tokens, non_blocking=self.on_cuda)
+        event = None
+        if self.on_cuda:
+            event = torch.cuda.Event()
+            event.record()
         return HostCopy(slot, n, event)
 
 
@@ -169,5 +184,6 @@ class HostCopy:
         self.buffer, self.count, self.event = buffer, count, event
 
     def wait(self) -> list[int]:
-        self.event.synchronize()
+        if self.event is not None:
+            self.event.synchronize()
         return self.buffer[: self.count].tolist()

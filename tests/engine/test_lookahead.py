@@ -1,0 +1,71 @@
+"""The look-ahead decode step and the decode-graph state commit, on the CPU.
+
+`DecodeGraphs` runs its forward eagerly on a CPU (nothing captured), so these tests check
+everything the GPU path does around the graphs: a guessed step is used only when the
+runtime asks for exactly it, dropped otherwise (a stop, a budget, a new row), and the
+outputs equal an engine without decode graphs, token for token.
+"""
+
+import pytest
+
+from omniwalk import Engine, EngineArgs, GenerationRequest, SamplingParams
+from omniwalk.engine.cuda_graphs import DecodeGraphs
+from omniwalk.loading import load_model
+
+PROMPTS = ["The quick brown fox", "1 2 3 4", "Once upon a time there was", "a"]
+
+
+def engine(model: str, graphs: bool, max_num_seqs: int = 8) -> Engine:
+    args = EngineArgs(model, device="cpu", dtype="float32", kv_cache_tokens=4096, max_num_seqs=max_num_seqs)
+    loaded = load_model(args)
+    if graphs:
+        executor = loaded.served.executors["backbone"]
+        executor.decode_graphs = DecodeGraphs(
+            executor.model, executor.cache, max_num_seqs, -(-loaded.max_model_len // args.page_size),
+            getattr(executor, "state_pool", None))
+    return Engine(args, loaded=loaded)
+
+
+def requests(max_tokens: int, **options) -> list[GenerationRequest]:
+    return [GenerationRequest(prompt=p, max_tokens=max_tokens + i, sampling=SamplingParams(temperature=0.0),
+                              **options) for i, p in enumerate(PROMPTS)]
+
+
+def outputs(model: str, graphs: bool, batch: list[GenerationRequest]):
+    with engine(model, graphs) as e:
+        results = [(r.token_ids, r.finish_reason) for r in e.generate(batch)]
+        return results, e.model.executors["backbone"]
+
+
+@pytest.mark.parametrize("model", ["tiny-qwen3", "tiny-qwen3_5"])
+def test_lookahead_outputs_equal_plain_decode(model):
+    batch = requests(24, ignore_eos=True)
+    plain, _ = outputs(model, False, batch)
+    ahead, executor = outputs(model, True, batch)
+    assert ahead == plain
+    assert [len(ids) for ids, _ in ahead] == [24, 25, 26, 27]   # budgets ending on different steps
+    assert executor.lookahead_used > 0
+    if model == "tiny-qwen3_5":   # its state commit is all rows or none: a shrunk batch drops the guess
+        assert executor.lookahead_dropped > 0
+
+
+@pytest.mark.parametrize("model", ["tiny-qwen3", "tiny-qwen3_5"])
+def test_lookahead_drops_steps_past_a_stop(model):
+    free, _ = outputs(model, False, requests(30, ignore_eos=True))
+    stop_id = free[0][0][6]
+    batch = requests(30, stop_token_ids=[stop_id])
+    plain, _ = outputs(model, False, batch)
+    ahead, executor = outputs(model, True, batch)
+    assert ahead == plain
+    assert ahead[0] == (free[0][0][: free[0][0].index(stop_id) + 1], "stop")
+    assert executor.lookahead_used > 0
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 64])
+def test_budget_contract_with_lookahead(n):
+    with engine("tiny-qwen3_5", True) as e:
+        results = e.generate([GenerationRequest(prompt=p, max_tokens=n, ignore_eos=True) for p in PROMPTS])
+        assert [len(r.token_ids) for r in results] == [n] * len(PROMPTS)
+        assert all(r.finish_reason == "length" for r in results)
+        streamed = [t for chunk in e.stream(PROMPTS[0], max_tokens=n, ignore_eos=True) for t in chunk.token_ids]
+        assert streamed == results[0].token_ids
