@@ -12,10 +12,12 @@ Preemption drops the pages and sets num_computed to 0: the next call recomputes 
 whole sequence, and the sample is the same because sampling is keyed by
 (seed, sample index), not by a stateful generator.
 
-Decode one step ahead (CUDA graphs, greedy rows): after a decode batch returns its
-tokens, the next step of the same rows is launched at once, fed from the tokens still
-on the device, so the GPU computes step t+1 while the runtime does the host work of
-step t. The next `run` uses it only if it asks for exactly what was guessed (each row's
+Decode one step ahead (decode graphs): after a decode batch returns its tokens, the next
+step of the same rows is launched at once, fed from the tokens still on the device and
+sampled on the device exactly as the real step would sample (seeded, so the same ids;
+penalties, a model's logits mask and min_tokens see the step's tokens), so the GPU
+computes step t+1 while the runtime does the host work of step t. Rows asking for
+logprobs turn it off (their values would need a second copy). The next `run` uses it only if it asks for exactly what was guessed (each row's
 position and input token); otherwise it is dropped, and so is every row the runtime no
 longer asks for (a stopped stream): nothing computed past a stop ever reaches the
 runtime. A dropped guess costs GPU time, never correctness: its KV writes are for
@@ -202,14 +204,9 @@ class CausalLMExecutor(NodeExecutor):
         return None
 
     def _can_look_ahead(self, calls, sequences) -> bool:
-        """Only rows whose next sample needs nothing from the host: plain greedy."""
-        for call in calls:
-            params, stream = call.stream.params, call.stream
-            if not params.sampling.is_greedy or params.sampling.has_penalties or params.sampling.logprobs is not None:
-                return False
-            if stream.count + 1 < params.stop.min_items:
-                return False
-        if self.logits_mask is not None:
+        """Any batch whose next samples come back as ids alone (no logprobs to copy), with
+        the pages for one more token free."""
+        if any(call.stream.params.sampling.logprobs is not None for call in calls):
             return False
         needed = sum(self.cache.pages_needed(c.stream.handle, s.num_computed + 1) for c, s in zip(calls, sequences))
         return needed <= self.cache.allocator.num_free
@@ -226,7 +223,10 @@ class CausalLMExecutor(NodeExecutor):
             slots=[table[p // size] * size + p % size for table, p in zip(tables, positions)],
             context_lens=positions, page_tables=tables, state_slots=self._state_slots(handles),
         )
-        guessed = logits.argmax(dim=-1)
+        # Sampled as the real step would sample it: the histories, the sample indices and
+        # the logits mask already count this step's tokens; the runtime's item counts
+        # (min_tokens) do not yet, hence `ahead=1`.
+        guessed = self._sample_on_device(calls, logits, ahead=1).token_ids
         return _Lookahead(handles, positions, tokens, guessed, self.decode_graphs.copy_to_host(guessed))
 
     def _forward_eager(self, calls, sequences, done) -> torch.Tensor:
@@ -263,11 +263,29 @@ class CausalLMExecutor(NodeExecutor):
 
     def _sample(self, calls: list[NodeCall], logits: torch.Tensor):
         """(token, logprobs) per call, and the sampled ids still on the device."""
-        # logits: [num_done, vocab] float32
+        out = self._sample_on_device(calls, logits)
+        token_ids = out.token_ids.tolist()   # the one device-to-host copy of the step (a sync)
+        chosen = out.logprobs.tolist() if out.logprobs is not None else None
+        top_ids = out.top_ids.tolist() if out.top_ids is not None else None
+        top_values = out.top_logprobs.tolist() if out.top_logprobs is not None else None
+        results = []
+        for row, call in enumerate(calls):
+            k, info = call.stream.params.sampling.logprobs, None
+            if k is not None and chosen is not None:
+                top = list(zip(top_ids[row][:k], top_values[row][:k])) if top_ids is not None else []
+                info = TokenLogprobs(chosen[row], top)
+            results.append((token_ids[row], info))
+        return results, out.token_ids
+
+    def _sample_on_device(self, calls: list[NodeCall], logits: torch.Tensor, ahead: int = 0):
+        """The sampler's output for each call's next item, nothing copied to the host.
+
+        `ahead`: items the runtime has not counted yet (1 for a look-ahead step)."""
+        # logits: [num_rows, vocab] float32
         sequences = [self.sequences[call.stream.handle] for call in calls]
         for row, call in enumerate(calls):
             stop = call.stream.params.stop
-            if call.stream.count < stop.min_items:   # no stop item before min_tokens (as HF/vLLM)
+            if call.stream.count + ahead < stop.min_items:   # no stop item before min_tokens (as HF/vLLM)
                 banned = [t for t in stop.stopping_ids() if t < logits.shape[1]]
                 logits[row, banned] = float("-inf")
         if self.logits_mask is not None:   # the model's rule for what may be sampled at all
@@ -275,26 +293,13 @@ class CausalLMExecutor(NodeExecutor):
         params = [call.stream.params.sampling for call in calls]
         # token histories only matter to penalties (rows without them pass empty ones)
         empty = np.empty(0, dtype=np.int64)
-        out = self.sampler(
+        return self.sampler(
             logits, params,
             seeds=[call.stream.params.seed for call in calls],
             sample_indices=[len(s.output_ids) for s in sequences],
             prompt_token_ids=[s.history.prompt if s.history is not None else empty for s in sequences],
             output_token_ids=[s.history.outputs if s.history is not None else empty for s in sequences],
         )
-        token_ids = out.token_ids.tolist()   # the one device-to-host copy of the step (a sync)
-        chosen = out.logprobs.tolist() if out.logprobs is not None else None
-        top_ids = out.top_ids.tolist() if out.top_ids is not None else None
-        top_values = out.top_logprobs.tolist() if out.top_logprobs is not None else None
-        results = []
-        for row, param in enumerate(params):
-            info = None
-            if param.logprobs is not None and chosen is not None:
-                k = param.logprobs
-                top = list(zip(top_ids[row][:k], top_values[row][:k])) if top_ids is not None else []
-                info = TokenLogprobs(chosen[row], top)
-            results.append((token_ids[row], info))
-        return results, out.token_ids
 
 
 @dataclass

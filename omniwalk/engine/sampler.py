@@ -41,6 +41,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from omniwalk.engine.race_kernel import race_argmax
+from omniwalk.layers.fused_ops import use_triton
+
 __all__ = ["SamplingParams", "SamplerOutput", "Sampler", "MAX_LOGPROBS"]
 
 MAX_LOGPROBS = 20
@@ -395,6 +398,8 @@ class Sampler:
         race is run over those only: the same winner, without hashing the whole
         [rows, vocab] matrix (40 million entries at 256 rows of a 157k vocabulary)."""
         keys = [row_key(int(s), int(i)) for s, i in zip(seeds, sample_indices)]
+        if use_triton(scaled):   # one kernel, no host sync (omniwalk.engine.race_kernel)
+            return race_argmax(scaled, *_key_halves(keys, scaled.device))
         rows_count, vocab = scaled.shape
         finite = torch.isfinite(scaled)
         if int(finite.sum()) * 4 > rows_count * vocab:   # dense: most entries are candidates

@@ -69,3 +69,37 @@ def test_budget_contract_with_lookahead(n):
         assert all(r.finish_reason == "length" for r in results)
         streamed = [t for chunk in e.stream(PROMPTS[0], max_tokens=n, ignore_eos=True) for t in chunk.token_ids]
         assert streamed == results[0].token_ids
+
+
+@pytest.mark.parametrize("model", ["tiny-qwen3", "tiny-qwen3_5"])
+def test_lookahead_samples_like_the_real_step(model):
+    """Sampled rows look ahead too: seeded temperature/top-k/top-p sampling, penalties over
+    histories that already hold the guessed step's input, and min_tokens counted one item
+    ahead; the ids equal plain decoding's."""
+    sampling = [SamplingParams(temperature=0.9, top_k=40, top_p=0.9, repetition_penalty=1.3, seed=1),
+                SamplingParams(temperature=1.2, presence_penalty=0.8, frequency_penalty=0.4, seed=2),
+                SamplingParams(temperature=0.7, min_p=0.05, seed=3),
+                SamplingParams(temperature=0.0)]
+    batch = [GenerationRequest(prompt=p, max_tokens=20 + i, min_tokens=12, sampling=s)
+             for i, (p, s) in enumerate(zip(PROMPTS, sampling))]
+    plain, _ = outputs(model, False, batch)
+    ahead, executor = outputs(model, True, batch)
+    assert ahead == plain
+    assert executor.lookahead_used > 0
+
+
+def test_lookahead_with_a_logits_mask_speech():
+    """Orpheus: the audio-code mask (frame position = codes so far mod 7) and its default
+    sampling (temperature, top_p, repetition penalty) in the guessed step."""
+    from omniwalk.models.orpheus.speech import SpeechRequest, synthesize
+
+    def speak(graphs: bool):
+        with engine("tiny-orpheus", graphs) as e:
+            results = [synthesize(e, SpeechRequest("Hello there", voice="tara", max_output_tokens=n,
+                                                   ignore_eos=True, seed=5)) for n in (8, 29)]
+            return [(r.token_ids, r.pcm) for r in results], e.model.executors["backbone"]
+
+    plain, _ = speak(False)
+    ahead, executor = speak(True)
+    assert ahead == plain
+    assert executor.lookahead_used > 0

@@ -1,0 +1,68 @@
+"""The sampler's exponential race as one Triton kernel (CUDA).
+
+`Sampler._race` picks argmax_t(scaled[r, t] - log(-log(u[r, t]))) with u from a counter-based
+hash of (row key, token id). In torch that is ~25 elementwise int64 kernels over the whole
+[rows, vocab] matrix (or, when filtering left few candidates, a sparse version that needs
+two host syncs to size its buffers). Here one program per row walks the vocabulary in
+blocks, hashing, scoring and keeping the running best: one launch, the logits read once,
+no sync, so a look-ahead step can sample without waiting for the GPU.
+
+The arithmetic is the torch version's (uint32 MurmurHash3 finalizers, float64 scores, ties
+to the lowest id, a row without a finite entry picks 0), so the ids are the same; the
+tests compare both (in Triton's interpreter on CPU).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from omniwalk.layers.fused_ops import triton
+
+if triton is not None:
+    import triton.language as tl
+
+BLOCK = 1024
+
+
+def race_argmax(scaled: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
+    """scaled: [rows, vocab] float; low, high: [rows] int64 halves of each row's 64-bit key.
+    Returns [rows] int64 winners."""
+    rows, vocab = scaled.shape
+    out = torch.empty(rows, dtype=torch.int64, device=scaled.device)
+    if rows:
+        _race_kernel[(rows,)](scaled, low, high, out, vocab, scaled.stride(0), BLOCK=BLOCK)
+    return out
+
+
+if triton is not None:
+
+    @triton.jit
+    def _fmix32(h):
+        h ^= h >> 16
+        h *= 0x85EBCA6B
+        h ^= h >> 13
+        h *= 0xC2B2AE35
+        h ^= h >> 16
+        return h
+
+    @triton.jit
+    def _race_kernel(scaled_ptr, low_ptr, high_ptr, out_ptr, vocab, stride_row, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        low = tl.load(low_ptr + row).to(tl.uint32)
+        high = tl.load(high_ptr + row).to(tl.uint32)
+        best_score = -float("inf")
+        best_index = 0
+        for start in range(0, vocab, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            mask = cols < vocab
+            x = tl.load(scaled_ptr + row * stride_row + cols, mask=mask, other=-float("inf")).to(tl.float64)
+            h = _fmix32(cols.to(tl.uint32) ^ low)
+            h = _fmix32(h + high)                       # wraps mod 2**32, as the torch version masks
+            u = (h.to(tl.float64) + 0.5) * (1.0 / 4294967296.0)
+            score = tl.where(mask, x - tl.log(-tl.log(u)), -float("inf"))
+            block_best = tl.max(score, axis=0)
+            block_index = start + tl.argmax(score, axis=0, tie_break_left=True)
+            better = block_best > best_score           # strict: an earlier block wins a tie
+            best_index = tl.where(better, block_index, best_index)
+            best_score = tl.where(better, block_best, best_score)
+        tl.store(out_ptr + row, best_index.to(tl.int64))
