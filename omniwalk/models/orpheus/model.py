@@ -186,9 +186,18 @@ class SnacDecoderExecutor(NodeExecutor):
         self.frame_samples = samples_per_frame(decoder.config)
         self.max_batch_size = max_batch_size
         self.device = next(decoder.parameters()).device
+        # Its own CUDA stream: the PCM copy to the host then waits for the codec's kernels
+        # only, not for the backbone's look-ahead step queued on the default stream.
+        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
 
     @torch.inference_mode()
     def run(self, calls: list[NodeCall]) -> list[dict[str, Any]]:
+        if self.stream is None:
+            return self._decode(calls)
+        with torch.cuda.stream(self.stream):
+            return self._decode(calls)
+
+    def _decode(self, calls: list[NodeCall]) -> list[dict[str, Any]]:
         by_length: dict[int, list[int]] = defaultdict(list)
         for index, call in enumerate(calls):
             by_length[call.inputs["window"].num_frames].append(index)
