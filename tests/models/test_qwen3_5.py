@@ -233,33 +233,30 @@ def test_full_sequence_logits_match_hf(hf_checkpoint):
     assert (full_forward(ours, ids) - expected).abs().max() < TOL
 
 
-@torch.no_grad()
-def test_ragged_batch_of_chunks_and_decodes_matches_full_forward(hf_checkpoint):
-    """Sequence a: a prefill chunk, then decode steps next to sequence b's prefill chunks,
-    in one batch; states carried through the pool between passes."""
-    model = load_ours(hf_checkpoint[0])
-    config = model.config
-    a = torch.randint(0, 512, (76,), generator=torch.Generator().manual_seed(4))
-    b = torch.randint(0, 512, (90,), generator=torch.Generator().manual_seed(5))
-    expected_a, expected_b = full_forward(model, a), full_forward(model, b)
+class PooledSequences:
+    """Sequences computed piece by piece through a paged cache and a state pool, as the
+    executor does: `step({handle: num_tokens})` runs one ragged pass and returns each
+    sequence's logits rows."""
 
-    cache = PagedKVCache(KVCacheShape(1, config.num_kv_heads, config.head_dim, page_size=8, num_pages=32),
-                         torch.float32, "cpu")
-    pool = StatePool(state_pool_shape(config, 2), torch.float32, "cpu")
-    done = {0: 0, 1: 0}
-    tokens = {0: a, 1: b}
-    for handle in done:
-        pool.allocate(handle)
+    def __init__(self, model: Qwen3_5ForCausalLM, tokens: dict[int, torch.Tensor]):
+        config = model.config
+        self.model, self.tokens = model, tokens
+        self.cache = PagedKVCache(KVCacheShape(1, config.num_kv_heads, config.head_dim, page_size=8, num_pages=32),
+                                  torch.float32, "cpu")
+        self.pool = StatePool(state_pool_shape(config, len(tokens)), torch.float32, "cpu")
+        self.done = {h: 0 for h in tokens}
+        for h in tokens:
+            self.pool.allocate(h)
 
-    def step(work: dict[int, int]) -> dict[int, torch.Tensor]:
-        handles = list(work)
+    def step(self, work: dict[int, int]) -> dict[int, torch.Tensor]:
+        handles, done = list(work), self.done
         for h in handles:
-            cache.reserve(h, done[h] + work[h])
-        meta = build_metadata(cache, handles, [done[h] for h in handles], [work[h] for h in handles], "cpu")
-        states = StateBatch(pool, [pool.slots[h] for h in handles], [work[h] for h in handles])
-        ids = torch.cat([tokens[h][done[h] : done[h] + work[h]] for h in handles])
+            self.cache.reserve(h, done[h] + work[h])
+        meta = build_metadata(self.cache, handles, [done[h] for h in handles], [work[h] for h in handles], "cpu")
+        states = StateBatch(self.pool, [self.pool.slots[h] for h in handles], [work[h] for h in handles])
+        ids = torch.cat([self.tokens[h][done[h] : done[h] + work[h]] for h in handles])
         positions = torch.cat([torch.arange(done[h], done[h] + work[h]) for h in handles])
-        logits = model.compute_logits(model(ids, positions, PagedAttention(cache, meta), states))
+        logits = self.model.compute_logits(self.model(ids, positions, PagedAttention(self.cache, meta), states))
         states.commit()
         rows, out = 0, {}
         for h in handles:
@@ -268,12 +265,22 @@ def test_ragged_batch_of_chunks_and_decodes_matches_full_forward(hf_checkpoint):
             done[h] += work[h]
         return out
 
-    step({0: 72})
+
+@torch.no_grad()
+def test_ragged_batch_of_chunks_and_decodes_matches_full_forward(hf_checkpoint):
+    """Sequence a: a prefill chunk, then decode steps next to sequence b's prefill chunks,
+    in one batch; states carried through the pool between passes."""
+    model = load_ours(hf_checkpoint[0])
+    a = torch.randint(0, 512, (76,), generator=torch.Generator().manual_seed(4))
+    b = torch.randint(0, 512, (90,), generator=torch.Generator().manual_seed(5))
+    expected_a, expected_b = full_forward(model, a), full_forward(model, b)
+    sequences = PooledSequences(model, {0: a, 1: b})
+    sequences.step({0: 72})
     got_b = []
     for chunk in (1, 40, 1, 48):                  # b: a one-token chunk, a long one, ...
-        out = step({0: 1, 1: chunk})              # ... each next to a decode step of a
+        out = sequences.step({0: 1, 1: chunk})    # ... each next to a decode step of a
         got_b.append(out[1])
-        assert (out[0][-1] - expected_a[done[0] - 1]).abs().max() < TOL
+        assert (out[0][-1] - expected_a[sequences.done[0] - 1]).abs().max() < TOL
     assert (torch.cat(got_b) - expected_b).abs().max() < TOL
 
 
@@ -284,39 +291,17 @@ def test_decode_steps_through_the_fused_kernels_match_full_forward(hf_checkpoint
     projection, the gated norm): decode logits equal the unfused full forward's."""
     from omniwalk.layers import causal_conv, fused_ops
     model = load_ours(hf_checkpoint[0])
-    config = model.config
-    seqs = {0: torch.randint(0, 512, (14,), generator=torch.Generator().manual_seed(6)),
-            1: torch.randint(0, 512, (10,), generator=torch.Generator().manual_seed(7))}
-    expected = {h: full_forward(model, ids) for h, ids in seqs.items()}
+    tokens = {0: torch.randint(0, 512, (14,), generator=torch.Generator().manual_seed(6)),
+              1: torch.randint(0, 512, (10,), generator=torch.Generator().manual_seed(7))}
+    expected = {h: full_forward(model, ids) for h, ids in tokens.items()}
     monkeypatch.setattr(fused_ops, "use_triton", lambda x: True)
     monkeypatch.setattr(causal_conv, "use_triton", lambda x: True)
-
-    cache = PagedKVCache(KVCacheShape(1, config.num_kv_heads, config.head_dim, page_size=8, num_pages=16),
-                         torch.float32, "cpu")
-    pool = StatePool(state_pool_shape(config, 2), torch.float32, "cpu")
-    done = {h: 0 for h in seqs}
-    for h in seqs:
-        pool.allocate(h)
-
-    def step(work: dict[int, int]) -> torch.Tensor:
-        handles = list(work)
-        for h in handles:
-            cache.reserve(h, done[h] + work[h])
-        meta = build_metadata(cache, handles, [done[h] for h in handles], [work[h] for h in handles], "cpu")
-        states = StateBatch(pool, [pool.slots[h] for h in handles], [work[h] for h in handles])
-        ids = torch.cat([seqs[h][done[h] : done[h] + work[h]] for h in handles])
-        positions = torch.cat([torch.arange(done[h], done[h] + work[h]) for h in handles])
-        logits = model.compute_logits(model(ids, positions, PagedAttention(cache, meta), states))
-        states.commit()
-        for h in handles:
-            done[h] += work[h]
-        return logits
-
-    step({0: 10, 1: 6})                           # prefill pieces (the varlen path)
+    sequences = PooledSequences(model, tokens)
+    sequences.step({0: 10, 1: 6})                 # prefill pieces (the varlen path)
     for _ in range(4):                            # decode steps: all_decode, the fused conv step
-        logits = step({0: 1, 1: 1})
-        for row, h in enumerate(seqs):
-            assert (logits[row] - expected[h][done[h] - 1]).abs().max() < TOL
+        out = sequences.step({0: 1, 1: 1})
+        for h in tokens:
+            assert (out[h][0] - expected[h][sequences.done[h] - 1]).abs().max() < TOL
 
 
 @torch.no_grad()
