@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import gc
 import itertools
 import logging
 import queue
@@ -21,13 +22,14 @@ import random
 import threading
 import time
 import weakref
+from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator, Iterator, Protocol
 
 from omniwalk.detokenizer import IncrementalDetokenizer, StopStringMatcher
 from omniwalk.engine.causal_lm_executor import TokenLogprobs
 from omniwalk.engine.sampler import SamplingParams
-from omniwalk.loading import EngineArgs, LoadedModel, load_model
+from omniwalk.loading import EngineArgs, LoadedModel, NoTokenizer, load_model
 from omniwalk.models.text_lm import TEXT_STREAM, TextGenerationModel
 from omniwalk.runtime import (
     FinishReason, QueueFullError, Request, RequestOutput, Runtime, SchedulerConfig, StopConfig, StreamParams,
@@ -70,7 +72,7 @@ class Usage:
     output_tokens: int
 
 
-@dataclass
+@dataclass(slots=True)   # one per running request per step
 class GenerationChunk:
     """What one request produced in one engine step. The last chunk has `finished` set."""
 
@@ -105,16 +107,28 @@ class RequestStream:
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
         self._loop = loop
-        self._queue: queue.SimpleQueue | asyncio.Queue = asyncio.Queue() if loop else queue.SimpleQueue()
+        if loop is None:
+            self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        else:
+            # Filled on the event loop, read by one consumer: a deque and the consumer's
+            # waiter cost less per chunk than an asyncio.Queue (128 chunks a step).
+            self._chunks: deque = deque()
+            self._waiter: asyncio.Future | None = None
         self.finished = False
 
     def _put(self, chunk, batch: "_AsyncBatch | None" = None) -> None:   # called from the output thread
-        if batch is not None and self._loop is not None:
-            batch.add(self._loop, self._queue, chunk)
-        elif self._loop is None:
+        if self._loop is None:
             self._queue.put(chunk)
+        elif batch is not None:
+            batch.add(self._loop, self, chunk)
         elif not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, chunk)
+            self._loop.call_soon_threadsafe(self._deliver, chunk)
+
+    def _deliver(self, chunk) -> None:   # on the event loop
+        self._chunks.append(chunk)
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def __iter__(self) -> Iterator[Any]:
         while not self.finished:
@@ -125,7 +139,10 @@ class RequestStream:
     async def __aiter__(self) -> AsyncIterator[Any]:
         try:
             while not self.finished:
-                chunk = await self._queue.get()
+                if not self._chunks:
+                    self._waiter = self._loop.create_future()
+                    await self._waiter
+                chunk = self._chunks.popleft()
                 self.finished = chunk.finished
                 yield chunk
         finally:
@@ -168,38 +185,49 @@ class TextOutputProcessor:
                  eos_like: frozenset[int]):
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
-        self.detokenizer = IncrementalDetokenizer(tokenizer)
-        self.matcher = StopStringMatcher(stop)
+        # without tokenizer files a model answers in ids only: there is no text to build
+        self.detokenizer = None if isinstance(tokenizer, NoTokenizer) else IncrementalDetokenizer(tokenizer)
+        # most requests have no stop strings: their text deltas pass as they are
+        self.matcher = StopStringMatcher(stop) if any(stop) else None
         self.stop_ids = eos_like
         self.num_ids = 0
         self.ends_request = False
 
     def process(self, out: RequestOutput) -> GenerationChunk:
+        # the runtime's lists: each output is processed once, so the chunk takes them as they are
         ids = [] if self.ends_request else out.items.get((TEXT_STREAM, "tokens"), [])
         logprobs = [] if self.ends_request else out.items.get((TEXT_STREAM, "logprobs")) or [None] * len(ids)
         text = []
-        for position, token in enumerate(ids):
-            is_stop_item = out.finished and out.finish_reason == FinishReason.STOP and position == len(ids) - 1 \
-                and token in self.stop_ids
-            if is_stop_item:       # counted and returned as an id, never rendered
-                continue
-            text.append(self.matcher.feed(self.detokenizer.add(token)))
-            if self.matcher.matched:
-                # ids end at the token that completed the stop string (as vLLM)
-                ids, logprobs = ids[: position + 1], logprobs[: position + 1]
-                self.ends_request = True
-                break
+        if self.detokenizer is not None:
+            for position, token in enumerate(self._rendered(ids, out)):
+                text.append(self._released(self.detokenizer.add(token)))
+                if self.matcher is not None and self.matcher.matched:
+                    # ids end at the token that completed the stop string (as vLLM)
+                    ids, logprobs = ids[: position + 1], logprobs[: position + 1]
+                    self.ends_request = True
+                    break
         self.num_ids += len(ids)
         finished = out.finished or self.ends_request
-        if finished:
-            text.append(self.matcher.feed(self.detokenizer.flush(), final=True))
-        chunk = GenerationChunk(self.request_id, list(ids), "".join(text), list(logprobs))
+        if finished and self.detokenizer is not None:
+            text.append(self._released(self.detokenizer.flush(), final=True))
+        chunk = GenerationChunk(self.request_id, ids, "".join(text), logprobs)
         if finished:
             chunk.finished = True
             chunk.finish_reason = FinishReason.STOP if self.ends_request else out.finish_reason
             chunk.error = None if self.ends_request else out.error
             chunk.usage = Usage(len(self.prompt_token_ids), self.num_ids)
         return chunk
+
+    def _rendered(self, ids: list[int], out: RequestOutput) -> list[int]:
+        """The ids that become text: a stop item (EOS, a stop id) ends the last output of a
+        stopped request; it is counted and returned as an id, never rendered."""
+        if out.finished and out.finish_reason == FinishReason.STOP and ids and ids[-1] in self.stop_ids:
+            return ids[:-1]
+        return ids
+
+    def _released(self, delta: str, final: bool = False) -> str:
+        """The text that can go out now (stop strings hold back what may start one)."""
+        return delta if self.matcher is None else self.matcher.feed(delta, final=final)
 
 
 class Engine:
@@ -226,6 +254,12 @@ class Engine:
         self.loop_error: BaseException | None = None
         self.last_heartbeat = time.monotonic()
         self.steps = 0
+        # What exists now (model, tokenizer, imported modules: ~10^5 objects) lives as long
+        # as the engine. Frozen, it is not scanned again by the oldest-generation collections
+        # that the per-step garbage sets off: each costs milliseconds, every few dozen steps
+        # at 128 streams (vLLM does the same). `shutdown` unfreezes it.
+        gc.collect()
+        gc.freeze()
         # Output processing (detokenization, stop strings) runs on its own thread, mostly
         # while the loop thread waits on the GPU with the interpreter lock released.
         self._outputs: queue.SimpleQueue = queue.SimpleQueue()
@@ -355,6 +389,7 @@ class Engine:
         self._thread.join(timeout=10)
         self._outputs.put(None)
         self._output_thread.join(timeout=10)
+        gc.unfreeze()   # a shut-down engine's objects may be collected again
 
     def __enter__(self):
         return self
@@ -461,15 +496,15 @@ class _AsyncBatch:
     def __init__(self):
         self.by_loop: dict[asyncio.AbstractEventLoop, list] = {}
 
-    def add(self, loop, target_queue, chunk) -> None:
-        self.by_loop.setdefault(loop, []).append((target_queue, chunk))
+    def add(self, loop, stream: RequestStream, chunk) -> None:
+        self.by_loop.setdefault(loop, []).append((stream, chunk))
 
     def send(self) -> None:
         for loop, items in self.by_loop.items():
             if not loop.is_closed():
-                loop.call_soon_threadsafe(_put_all, items)
+                loop.call_soon_threadsafe(_deliver_all, items)
 
 
-def _put_all(items) -> None:
-    for target_queue, chunk in items:
-        target_queue.put_nowait(chunk)
+def _deliver_all(items) -> None:
+    for stream, chunk in items:
+        stream._deliver(chunk)

@@ -63,7 +63,7 @@ class Request:
     arrival: float = 0.0
 
 
-@dataclass
+@dataclass(slots=True)   # one per running request per step: slots make it cheap to build
 class RequestOutput:
     """Everything one request produced in one step. The last one has `finished` set."""
 

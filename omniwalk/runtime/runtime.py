@@ -12,9 +12,17 @@ each of its streams then steps through the walks its model's plan chooses. One `
      batch size. Prefill work is chunked where the node allows it, so one batch mixes
      prefill chunks and decode steps. A running stream whose resources do not fit
      preempts the youngest stream holding state on that node (its work is recomputed);
-  4. run each batch; a call whose work is complete writes its outputs and moves on;
-     an exception fails only the requests it belongs to;
+  4. run each batch; a call whose work is complete writes its outputs and runs the
+     edges after the node at once. A stream they lead back to the same node (a decode
+     loop: emit, loop back, run the node again) starts its next call there and stays
+     put; any other stream is left for phase 5. An exception fails only the requests
+     it belongs to;
   5. advance the streams that moved, and return this step's outputs per request.
+
+Edges run as soon as the call before them is done: they touch only their stream, its
+request's output and its consumers' buffers, so running them in phase 4 changes no batch.
+Arriving at another node or starting a walk could, so those wait for phase 5. A decode
+stream back at its node waits there for the next step, as it would have after phase 5.
 
 The runtime knows a model only through its `ModelGraph`, its plan and its node
 executors; stops and budgets are checked here, never in model code.
@@ -28,9 +36,10 @@ from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from omniwalk.graph.compiled import EmitToClient, EnterLoop, KeepValue, LoopBack, PushToStream, RunNode
 from omniwalk.graph.chunking import StreamBuffer
+from omniwalk.graph.compiled import EmitToClient, EnterLoop, KeepValue, LoopBack, PushToStream
 from omniwalk.graph.model_graph import WAIT, ModelGraph, StreamView, WalkCall
+from omniwalk.graph.primitives import Node
 from omniwalk.runtime.executor import NodeCall, NodeExecutor
 from omniwalk.runtime.request import FinishReason, Request, RequestOutput, StreamParams
 from omniwalk.runtime.streams import RequestState, StreamState
@@ -83,6 +92,10 @@ class Runtime:
         self.num_preemptions = 0
         self._handles = itertools.count()
         self._orders = itertools.count()
+        # per walk, per instruction: the method that runs it, None for a RunNode (where a
+        # stream stops); looked up once here, not per instruction per stream per step
+        self._handlers = {name: tuple(self._HANDLERS.get(type(instruction)) for instruction in walk.program)
+                          for name, walk in self.graph.compiled.items()}
 
     # ---------------------------------------------------------------- public API
 
@@ -144,7 +157,8 @@ class Runtime:
                 edge = self.graph.edges_by_consumer.get(name)
                 stream = StreamState(
                     handle=next(self._handles), name=name, spec=spec, params=params, owner=state,
-                    request_id=request.request_id,
+                    request_id=request.request_id, order=state.order,
+                    budgeted_value=spec.budget.value if spec.budget is not None else None,
                     caps=caps, buffer=StreamBuffer(edge.policy) if edge else None,
                 )
                 state.streams[name] = stream
@@ -160,8 +174,7 @@ class Runtime:
                 try:
                     self._advance(stream)
                 except Exception as exc:  # a model plan or a node's prepare failed
-                    logger.exception("request %s failed while advancing", stream.owner.request_id)
-                    self._end_request(stream.owner, FinishReason.ERROR, error=f"{type(exc).__name__}: {exc}")
+                    self._fail_request(stream, exc, "while advancing")
 
     def _advance(self, stream: StreamState) -> None:
         """Run the stream's instructions until it must wait for a node, a chunk, or ends."""
@@ -173,53 +186,70 @@ class Runtime:
                         self._finish_stream(stream)
                     return
                 continue
-            program = walk.program
-            while stream.pc < len(program):   # the hot loop: a few instructions per decode step
-                instruction = program[stream.pc]
-                if type(instruction) is RunNode:
-                    self._arrive_at_node(stream, instruction.node.name, instruction.node.inputs)
-                    return
-                self._run_instruction(stream, instruction)
+            self._run_until_node(stream)
+            if stream.pc < len(walk.program):   # at a RunNode
+                self._arrive_at_node(stream, walk.program[stream.pc].node)
+                return
             stream.last_walk, stream.walk = walk.name, None
 
-    def _run_instruction(self, stream: StreamState, instruction) -> None:
-        budget = stream.spec.budget
-        if isinstance(instruction, EmitToClient):
-            item = stream.env[instruction.value]
-            is_budgeted = budget is not None and instruction.value == budget.value
-            if item is None and not is_budgeted:   # nothing to send (e.g. logprobs nobody asked for)
-                stream.pc += 1
+    def _run_until_node(self, stream: StreamState) -> None:
+        """Run the stream's edge and loop instructions up to its next RunNode or its walk's end."""
+        walk = stream.walk
+        program, handlers = walk.program, self._handlers[walk.name]
+        while stream.pc < len(program):
+            handler = handlers[stream.pc]
+            if handler is None:   # a RunNode
                 return
-            self._output_for(stream.request_id).add(stream.name, instruction.modality, item)
-            if is_budgeted:
-                reason = stream.params.stop.check(item, stream.count, stream.params.max_items)
-                stream.count += 1
-                if reason is not None and stream.finish_reason is None:
-                    stream.finish_reason = reason
-        elif isinstance(instruction, KeepValue):
-            stream.kept[instruction.value] = stream.env[instruction.value]
-        elif isinstance(instruction, PushToStream):
-            is_stop_item = (stream.finish_reason == FinishReason.STOP and budget is not None
-                            and instruction.value == budget.value)
-            if not is_stop_item:   # a stop item is counted, never rendered downstream
-                consumer = stream.owner.streams[instruction.stream]
-                consumer.buffer.push([stream.env[instruction.value]])
-                self._wake_consumer(consumer)
-        elif isinstance(instruction, EnterLoop):
-            stream.loop_counts[instruction.loop] = 0
-            if stream.finish_reason is not None or stream.caps.get(instruction.loop, 1) <= 0:
-                stream.pc = instruction.exit_pc
-                return
-        elif isinstance(instruction, LoopBack):
-            count = stream.loop_counts[instruction.loop] + 1
-            stream.loop_counts[instruction.loop] = count
-            for output, target in instruction.carry:
-                stream.env[target] = stream.env[output]
-            cap = stream.caps.get(instruction.loop)
-            if stream.finish_reason is None and (cap is None or count < cap):
-                stream.pc = instruction.body_pc
-                return
+            handler(self, stream, program[stream.pc])   # moves stream.pc on
+
+    # Each handler runs one instruction and moves the stream's pc on.
+
+    def _emit_to_client(self, stream: StreamState, instruction: EmitToClient) -> None:
+        item = stream.env[instruction.value]
         stream.pc += 1
+        if instruction.value == stream.budgeted_value:   # counted and stop-checked, even if None
+            self._output_for(stream.request_id).add(stream.name, instruction.modality, item)
+            reason = stream.params.stop.check(item, stream.count, stream.params.max_items)
+            stream.count += 1
+            if reason is not None and stream.finish_reason is None:
+                stream.finish_reason = reason
+        elif item is not None:   # None: nothing to send (e.g. logprobs nobody asked for)
+            self._output_for(stream.request_id).add(stream.name, instruction.modality, item)
+
+    def _keep_value(self, stream: StreamState, instruction: KeepValue) -> None:
+        stream.kept[instruction.value] = stream.env[instruction.value]
+        stream.pc += 1
+
+    def _push_to_stream(self, stream: StreamState, instruction: PushToStream) -> None:
+        stream.pc += 1
+        is_stop_item = stream.finish_reason == FinishReason.STOP and instruction.value == stream.budgeted_value
+        if not is_stop_item:   # a stop item is counted, never rendered downstream
+            consumer = stream.owner.streams[instruction.stream]
+            consumer.buffer.push([stream.env[instruction.value]])
+            self._wake_consumer(consumer)
+
+    def _enter_loop(self, stream: StreamState, instruction: EnterLoop) -> None:
+        stream.loop_counts[instruction.loop] = 0
+        if stream.finish_reason is not None or stream.caps.get(instruction.loop, 1) <= 0:
+            stream.pc = instruction.exit_pc
+        else:
+            stream.pc += 1
+
+    def _loop_back(self, stream: StreamState, instruction: LoopBack) -> None:
+        count = stream.loop_counts[instruction.loop] + 1
+        stream.loop_counts[instruction.loop] = count
+        env = stream.env
+        for output, target in instruction.carry:
+            env[target] = env[output]
+        cap = stream.caps.get(instruction.loop)
+        if stream.finish_reason is None and (cap is None or count < cap):
+            stream.pc = instruction.body_pc
+        else:
+            stream.pc += 1
+
+    # what each instruction other than RunNode does to a stream
+    _HANDLERS = {EmitToClient: _emit_to_client, KeepValue: _keep_value, PushToStream: _push_to_stream,
+                 EnterLoop: _enter_loop, LoopBack: _loop_back}
 
     def _start_next_walk(self, stream: StreamState) -> bool:
         view = StreamView(stream.name, stream.owner.request.inputs, stream.last_walk, stream.kept)
@@ -244,13 +274,20 @@ class Runtime:
         self.walk_counts[call.walk] += 1
         return True
 
-    def _arrive_at_node(self, stream: StreamState, node: str, input_names) -> None:
+    def _arrive_at_node(self, stream: StreamState, node: Node) -> None:
         if stream.call_inputs is None:
-            inputs = {name: stream.env[name] for name in input_names}
-            stream.touched_nodes.add(node)
-            self.executors[node].begin(stream, inputs)
-            stream.call_inputs = inputs
-        self.at_node[node][stream.handle] = stream
+            stream.touched_nodes.add(node.name)
+            self._begin_call(stream, node)
+        self.at_node[node.name][stream.handle] = stream
+
+    def _begin_call(self, stream: StreamState, node: Node) -> None:
+        """Gather the node's inputs and let its executor prepare the call (may raise)."""
+        env = stream.env
+        inputs = {}
+        for name in node.inputs:
+            inputs[name] = env[name]
+        self.executors[node.name].begin(stream, inputs)
+        stream.call_inputs = inputs
 
     def _wake_consumer(self, consumer: StreamState) -> None:
         if consumer.walk is None and not consumer.is_finished:
@@ -261,25 +298,24 @@ class Runtime:
     def _form_batch(self, node: str, streams: list[StreamState]) -> list[NodeCall]:
         executor = self.executors[node]
         budget = self.config.max_num_batched_tokens
+        max_batch_size, chunkable = executor.max_batch_size, executor.chunkable
         work = {stream.handle: executor.pending_work(stream) for stream in streams}
-        streams.sort(key=lambda s: (work[s.handle] > 1, s.order))
+        streams.sort(key=lambda s: (work[s.handle] > 1, s.order))   # single-unit work (decode steps) first
         calls: list[NodeCall] = []
-        chosen: set[int] = set()
         for stream in streams:
-            if len(calls) >= executor.max_batch_size or budget <= 0:
+            if len(calls) >= max_batch_size or budget <= 0:
                 break
-            num = min(work[stream.handle], budget) if executor.chunkable else work[stream.handle]
+            num = min(work[stream.handle], budget) if chunkable else work[stream.handle]
             if num > budget and calls:
                 continue
             if not executor.can_reserve(stream, num):
                 if not executor.holds_state(stream):
                     continue   # never ran here: waits for resources; never a crash
-                self._preempt_younger(node, stream, num, chosen)
+                self._preempt_younger(node, stream, num, {call.stream.handle for call in calls})
                 if not executor.can_reserve(stream, num):
                     continue
             executor.reserve(stream, num)
             calls.append(NodeCall(stream, stream.call_inputs, num))
-            chosen.add(stream.handle)
             budget -= num
         return calls
 
@@ -309,30 +345,49 @@ class Runtime:
                 logger.warning("batch of node %s failed; retrying its %d calls one by one", node, len(calls))
                 results = [self._run_alone(executor, call) for call in calls]
         expected = self.graph.nodes[node].outputs
+        expected_set = frozenset(expected)
         for call, outputs in zip(calls, results):
             stream = call.stream
-            if outputs is None or outputs is _FAILED or stream.owner.request_id not in self.running:
+            if outputs is None or outputs is _FAILED or stream.request_id not in self.running:
                 continue
-            missing = [name for name in expected if name not in outputs]
-            if missing:
+            if not outputs.keys() >= expected_set:
+                missing = [name for name in expected if name not in outputs]
                 self._end_request(stream.owner, FinishReason.ERROR,
                                   error=f"node {node!r} returned no {missing}")
                 continue
-            stream.env.update({name: outputs[name] for name in expected})
-            stream.call_inputs = None
-            stream.pc += 1
-            del self.at_node[node][stream.handle]
-            self.dirty[stream.handle] = stream
+            env = stream.env
+            for name in expected:
+                env[name] = outputs[name]
+            try:
+                self._after_call(stream, node)
+            except Exception as exc:   # the node's prepare of the next call failed
+                self._fail_request(stream, exc, "while advancing")
+
+    def _after_call(self, stream: StreamState, node: str) -> None:
+        """The stream's call at `node` is done: run the edges after it now, and if they lead
+        back to this node (a decode loop), start the next call here; else phase 5 goes on."""
+        node_pc = stream.pc
+        stream.call_inputs = None
+        stream.pc += 1
+        self._run_until_node(stream)
+        if stream.pc == node_pc:   # looped back: it stays in at_node[node], batched next step
+            self._begin_call(stream, stream.walk.program[node_pc].node)
+            return
+        del self.at_node[node][stream.handle]
+        self.dirty[stream.handle] = stream
 
     def _run_alone(self, executor: NodeExecutor, call: NodeCall):
         try:
             return executor.run([call])[0]
         except Exception as exc:
-            logger.exception("request %s failed in a node", call.stream.owner.request_id)
-            self._end_request(call.stream.owner, FinishReason.ERROR, error=f"{type(exc).__name__}: {exc}")
+            self._fail_request(call.stream, exc, "in a node")
             return _FAILED
 
     # ---------------------------------------------------------------- endings
+
+    def _fail_request(self, stream: StreamState, exc: Exception, where: str) -> None:
+        logger.exception("request %s failed %s", stream.request_id, where)
+        self._end_request(stream.owner, FinishReason.ERROR, error=f"{type(exc).__name__}: {exc}")
 
     def _finish_stream(self, stream: StreamState) -> None:
         stream.is_finished = True

@@ -34,6 +34,8 @@ class StreamState:
     params: StreamParams
     owner: RequestState
     request_id: str
+    order: int                        # the owner's admission order (read by every batch's sort)
+    budgeted_value: str | None        # the value its budget counts (spec.budget.value), if any
     caps: dict[str, int]              # loop name -> iteration cap
     buffer: StreamBuffer | None = None  # consumer streams: the buffered input
     # position in the current walk
@@ -49,10 +51,6 @@ class StreamState:
     finish_reason: str | None = None  # set by a stop; the stream ends when its walk does
     is_finished: bool = False         # no walk runs any more
     touched_nodes: set[str] = field(default_factory=set)
-
-    @property
-    def order(self) -> int:
-        return self.owner.order
 
     @property
     def limit(self) -> int | None:

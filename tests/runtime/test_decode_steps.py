@@ -1,0 +1,91 @@
+"""Step structure of a decode loop: one node batch and one item per stream per step.
+
+The runtime runs the edges after a node as soon as the batch returns, and a stream whose
+loop leads back to the same node waits there for the next step; these tests pin what
+that must not change: when items come out, how many batches run, which walks start."""
+
+from omniwalk.graph import BudgetSpec, Keep, Loop, ModelGraph, Node, Sequential, StreamSpec, ToClient, Walk, WalkCall
+from omniwalk.runtime import FunctionExecutor, NodeExecutor, Request, Runtime, SchedulerConfig, StopConfig, StreamParams
+
+LM = Node("lm", inputs=("x",), outputs=("tok",), stateful=True)
+
+
+class ToyDecoder:
+    """prefill: lm -> tok (first item); decode: Loop [lm -> tok], the shape of text_lm."""
+
+    def __init__(self, executor: NodeExecutor):
+        prefill = Walk("prefill", ("x",), Sequential(LM, ToClient("tok", "main"), Keep("tok")))
+        decode = Walk("decode", ("x",), Loop("decode", Sequential(LM, ToClient("tok", "main")), carry={"tok": "x"}))
+        self.graph = ModelGraph([prefill, decode], [StreamSpec("main", BudgetSpec("tok", loop="decode"))])
+        self.executors = {"lm": executor}
+
+    def plan(self, view):
+        if view.last_walk is None:
+            return WalkCall("prefill", {"x": view.request})
+        if view.last_walk == "prefill":
+            return WalkCall("decode", {"x": view.kept["tok"]})
+        return None
+
+
+def next_token(state: dict, inputs: dict) -> dict:
+    return {"tok": inputs["x"] + 1}
+
+
+def run(runtime: Runtime) -> list[dict[str, list]]:
+    """Per step: request id -> items emitted in that step."""
+    steps = []
+    while runtime.has_unfinished:
+        steps.append({out.request_id: out.items.get(("main", "main"), []) for out in runtime.step()})
+    return steps
+
+
+def test_one_item_and_one_batch_per_step():
+    runtime = Runtime(ToyDecoder(FunctionExecutor(next_token)), SchedulerConfig(max_num_seqs=4))
+    for index in range(3):
+        runtime.add_request(Request(f"r{index}", 10 * index, {"main": StreamParams(5)}))
+    steps = run(runtime)
+    assert steps == [{f"r{i}": [10 * i + k] for i in range(3)} for k in range(1, 6)]
+    assert runtime.node_batches["lm"] == 5
+    assert runtime.walk_counts == {"prefill": 3, "decode": 3}
+
+
+def test_a_stop_ends_the_loop_in_the_step_it_is_emitted():
+    runtime = Runtime(ToyDecoder(FunctionExecutor(next_token)), SchedulerConfig(max_num_seqs=4))
+    runtime.add_request(Request("stops", 0, {"main": StreamParams(10, StopConfig(stop_ids=frozenset({3})))}))
+    runtime.add_request(Request("runs", 100, {"main": StreamParams(4)}))
+    steps = run(runtime)
+    assert [step.get("stops") for step in steps] == [[1], [2], [3], None]
+    assert [step.get("runs") for step in steps] == [[101], [102], [103], [104]]
+    assert runtime.node_batches["lm"] == 4
+
+
+class LoggingExecutor(FunctionExecutor):
+    """Records the order of begin and run calls."""
+
+    def __init__(self, log: list):
+        super().__init__(next_token)
+        self.log = log
+
+    def begin(self, stream, inputs):
+        self.log.append(("begin", stream.owner.request_id, inputs["x"]))
+
+    def run(self, calls):
+        self.log.append(("run", [call.stream.owner.request_id for call in calls]))
+        return super().run(calls)
+
+
+def test_each_call_begins_between_the_batch_before_it_and_its_own():
+    log: list = []
+    runtime = Runtime(ToyDecoder(LoggingExecutor(log)), SchedulerConfig(max_num_seqs=2))
+    runtime.add_request(Request("a", 0, {"main": StreamParams(3)}))
+    runtime.add_request(Request("b", 10, {"main": StreamParams(2)}))
+    run(runtime)
+    assert [entry[1] for entry in log if entry[0] == "run"] == [["a", "b"], ["a", "b"], ["a"]]
+
+    def seen_by(request_id):
+        return [entry[2] if entry[0] == "begin" else "run" for entry in log
+                if entry[1] == request_id or (entry[0] == "run" and request_id in entry[1])]
+
+    # b's loop cap is 1: after its only decode step it begins no further call
+    assert seen_by("a") == [0, "run", 1, "run", 2, "run"]
+    assert seen_by("b") == [10, "run", 11, "run"]
