@@ -162,42 +162,67 @@ class CausalLMExecutor(NodeExecutor):
         # Only calls whose last token is computed now produce a sample.
         done = [i for i, (call, s) in enumerate(zip(calls, sequences))
                 if s.num_computed + call.num_tokens == len(s.token_ids)]
-        is_decode = len(done) == len(calls) and all(call.num_tokens == 1 for call in calls)
-        use_graph = is_decode and self.decode_graphs is not None and self.decode_graphs.fits(
-            len(calls), max(len(self.cache.page_tables[c.stream.handle]) for c in calls))
+        # Decode rows replay a decode graph (or take the look-ahead step already computed
+        # for them); prefill pieces run eagerly beside them, so a new request joining the
+        # batch does not turn the whole step eager.
+        decode = self._graph_rows(calls, done)
+        in_graph = set(decode)
+        eager = [i for i in range(len(calls)) if i not in in_graph]
+        eager_done = [i for i in done if i not in in_graph]
+
         lookahead, self.lookahead = self.lookahead, None
-        guessed = (lookahead.take(calls, sequences, self.lookahead_subsets)
-                   if lookahead is not None and use_graph else None)
-        if guessed is not None:
-            self.lookahead_used += 1
-            samples, device_tokens = [(token, None) for token in guessed[0]], guessed[1]
-        else:
-            if lookahead is not None:
-                self.lookahead_dropped += 1
-            if use_graph:
-                logits = self._decode_with_graph(calls, sequences)
+        guessed = (lookahead.take([calls[i] for i in decode], [sequences[i] for i in decode], self.lookahead_subsets)
+                   if lookahead is not None and decode else None)
+        if lookahead is not None:
+            if guessed is not None:
+                self.lookahead_used += 1
             else:
-                logits = self._forward_eager(calls, sequences, done)
-            samples, device_tokens = self._sample([calls[i] for i in done], logits) if done else ([], None)
+                self.lookahead_dropped += 1
+        to_sample, logits = (eager_done, []) if guessed is not None else (decode + eager_done, [])
+        if decode and guessed is None:
+            logits.append(self._decode_with_graph([calls[i] for i in decode], [sequences[i] for i in decode]))
+        if eager:
+            local_done = [k for k, i in enumerate(eager) if i in set(eager_done)]
+            eager_logits = self._forward_eager([calls[i] for i in eager], [sequences[i] for i in eager], local_done)
+            if local_done:
+                logits.append(eager_logits)
+        sampled, device_tokens = ([], None) if not to_sample else self._sample(
+            [calls[i] for i in to_sample], logits[0] if len(logits) == 1 else torch.cat(logits))
+        if guessed is not None:
+            sampled = [(token, None) for token in guessed[0]] + sampled
+            device_tokens = guessed[1] if device_tokens is None else torch.cat([guessed[1], device_tokens])
+        next_rows = decode + eager_done          # the order of `sampled` and `device_tokens`
 
         # Commit only after everything succeeded: a failed batch is retried call by call.
-        self._commit_states(use_graph)
+        self._commit_states(bool(decode), bool(eager))
         for call, sequence in zip(calls, sequences):
             sequence.num_computed += call.num_tokens
             self.cache.register_full_pages(call.stream.handle, sequence.token_ids, sequence.num_computed)
         results: list[dict | None] = [None] * len(calls)
-        for index, (token, logprobs) in zip(done, samples):
-            sequence = self.sequences[calls[index].stream.handle]
+        for index, (token, logprobs) in zip(next_rows, sampled):
+            sequence = sequences[index]
             sequence.output_ids.append(token)
             if sequence.history is not None:
                 sequence.history.append(token)
             results[index] = {"token": token, "logprobs": logprobs}
-        if use_graph and self._can_look_ahead(calls, sequences):
-            self.lookahead = self._launch_lookahead(calls, sequences, [t for t, _ in samples], device_tokens)
+        rows, row_sequences = [calls[i] for i in next_rows], [sequences[i] for i in next_rows]
+        if self.decode_graphs is not None and rows and self._can_look_ahead(rows, row_sequences):
+            self.lookahead = self._launch_lookahead(rows, row_sequences, [t for t, _ in sampled], device_tokens)
         return results
 
-    def _commit_states(self, used_graph: bool) -> None:
-        """Hook: state beside the KV cache that a step writes aside (hybrid models)."""
+    def _graph_rows(self, calls: list[NodeCall], done: list[int]) -> list[int]:
+        """The calls a decode graph computes: the one-token calls that sample, if they fit."""
+        if self.decode_graphs is None:
+            return []
+        decode = [i for i in done if calls[i].num_tokens == 1]
+        if not decode or not self.decode_graphs.fits(
+                len(decode), max(len(self.cache.page_tables[calls[i].stream.handle]) for i in decode)):
+            return []
+        return decode
+
+    def _commit_states(self, graph_rows: bool, eager_rows: bool) -> None:
+        """Hook: state beside the KV cache that a step writes aside (hybrid models), from
+        its decode-graph part and its eager part."""
 
     def _state_slots(self, handles: list[int]) -> list[int] | None:
         """Hook: each row's state slot, as input of a decode graph (hybrid models)."""
@@ -209,7 +234,8 @@ class CausalLMExecutor(NodeExecutor):
         if any(call.stream.params.sampling.logprobs is not None for call in calls):
             return False
         needed = sum(self.cache.pages_needed(c.stream.handle, s.num_computed + 1) for c, s in zip(calls, sequences))
-        return needed <= self.cache.allocator.num_free
+        pages = max(len(self.cache.page_tables[c.stream.handle]) for c in calls) + 1
+        return needed <= self.cache.allocator.num_free and self.decode_graphs.fits(len(calls), pages)
 
     def _launch_lookahead(self, calls, sequences, tokens: list[int], device_tokens: torch.Tensor) -> "_Lookahead":
         handles = [call.stream.handle for call in calls]
@@ -314,7 +340,7 @@ class _Lookahead:
 
     def take(self, calls, sequences, allow_subset: bool = True) -> tuple[list[int], torch.Tensor] | None:
         """The guessed samples for `calls`, if every call is exactly what was guessed (and,
-        unless `allow_subset`, every guessed row is called)."""
+        unless `allow_subset`, every guessed row is called, in any order)."""
         row_of = {handle: row for row, handle in enumerate(self.handles)}
         rows = []
         for call, sequence in zip(calls, sequences):
@@ -325,7 +351,7 @@ class _Lookahead:
                 return None
             rows.append(row)
         whole = rows == list(range(len(self.handles)))
-        if not whole and not allow_subset:
+        if not allow_subset and sorted(rows) != list(range(len(self.handles))):
             return None
         host = self.host_copy.wait()
         if whole:

@@ -77,10 +77,10 @@ class HybridLMExecutor(CausalLMExecutor):
     # The base step forwards (`_forward_eager` below, or a decode graph), samples, then
     # commits; if it raises first, the new states are simply dropped.
 
-    def _commit_states(self, used_graph: bool) -> None:
-        if used_graph:
+    def _commit_states(self, graph_rows: bool, eager_rows: bool) -> None:
+        if graph_rows:
             self.decode_graphs.commit_states()
-        else:
+        if eager_rows:
             self._states.commit()
             self._states = None
 
