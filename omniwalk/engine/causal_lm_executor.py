@@ -27,6 +27,7 @@ back, which later owners overwrite before they read.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -38,6 +39,8 @@ from omniwalk.engine.cuda_graphs import DecodeGraphs, HostCopy
 from omniwalk.engine.kv_cache import PagedKVCache
 from omniwalk.engine.sampler import Sampler
 from omniwalk.runtime.executor import NodeCall, NodeExecutor
+
+logger = logging.getLogger(__name__)
 
 
 class TokenHistory:
@@ -207,7 +210,10 @@ class CausalLMExecutor(NodeExecutor):
             results[index] = {"token": token, "logprobs": logprobs}
         rows, row_sequences = [calls[i] for i in next_rows], [sequences[i] for i in next_rows]
         if self.decode_graphs is not None and rows and self._can_look_ahead(rows, row_sequences):
-            self.lookahead = self._launch_lookahead(rows, row_sequences, [t for t, _ in sampled], device_tokens)
+            try:
+                self.lookahead = self._launch_lookahead(rows, row_sequences, [t for t, _ in sampled], device_tokens)
+            except Exception:   # the step itself is committed: lose only the guess
+                logger.exception("look-ahead step failed; continuing without it")
         return results
 
     def _graph_rows(self, calls: list[NodeCall], done: list[int]) -> list[int]:
