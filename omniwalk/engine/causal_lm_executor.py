@@ -17,12 +17,13 @@ step of the same rows is launched at once, fed from the tokens still on the devi
 sampled on the device exactly as the real step would sample (seeded, so the same ids;
 penalties, a model's logits mask and min_tokens see the step's tokens), so the GPU
 computes step t+1 while the runtime does the host work of step t. Rows asking for
-logprobs turn it off (their values would need a second copy). The next `run` uses it only if it asks for exactly what was guessed (each row's
-position and input token); otherwise it is dropped, and so is every row the runtime no
-longer asks for (a stopped stream): nothing computed past a stop ever reaches the
-runtime. A dropped guess costs GPU time, never correctness: its KV writes are for
-positions the real step writes again with the same values, or for pages already given
-back, which later owners overwrite before they read.
+logprobs turn it off (their values would need a second copy). The next `run` uses it
+only if it asks for exactly what was guessed (each row's position and input token);
+otherwise it is dropped, and so is every row the runtime no longer asks for (a stopped
+stream): nothing computed past a stop ever reaches the runtime. A dropped guess costs
+GPU time, never correctness: its KV writes are for positions the real step writes again
+with the same values, or for pages already given back, which later owners overwrite
+before they read.
 """
 
 from __future__ import annotations
@@ -172,6 +173,7 @@ class CausalLMExecutor(NodeExecutor):
         in_graph = set(decode)
         eager = [i for i in range(len(calls)) if i not in in_graph]
         eager_done = [i for i in done if i not in in_graph]
+        eager_samples = set(eager_done)
 
         lookahead, self.lookahead = self.lookahead, None
         guessed = (lookahead.take([calls[i] for i in decode], [sequences[i] for i in decode], self.lookahead_subsets)
@@ -185,7 +187,7 @@ class CausalLMExecutor(NodeExecutor):
         if decode and guessed is None:
             logits.append(self._decode_with_graph([calls[i] for i in decode], [sequences[i] for i in decode]))
         if eager:
-            local_done = [k for k, i in enumerate(eager) if i in set(eager_done)]
+            local_done = [k for k, i in enumerate(eager) if i in eager_samples]
             eager_logits = self._forward_eager([calls[i] for i in eager], [sequences[i] for i in eager], local_done)
             if local_done:
                 logits.append(eager_logits)
