@@ -50,8 +50,9 @@ if triton is not None:
         row = tl.program_id(0)
         low = tl.load(low_ptr + row).to(tl.uint32)
         high = tl.load(high_ptr + row).to(tl.uint32)
-        best_score = -float("inf")
-        best_index = 0
+        # typed: loop-carried values must keep their type across iterations
+        best_score = tl.full((), -float("inf"), tl.float64)
+        best_index = tl.full((), 0, tl.int32)
         for start in range(0, vocab, BLOCK):
             cols = start + tl.arange(0, BLOCK)
             mask = cols < vocab
