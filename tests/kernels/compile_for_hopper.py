@@ -1,0 +1,53 @@
+"""Compiles omniwalk's Triton kernels for sm_90 (no GPU needed): run by test_compile.py in
+a fresh process, because the test session runs Triton in its interpreter, which accepts
+programs the compiler rejects (a loop-carried value changing type, for one)."""
+
+import sys
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from omniwalk.engine import race_kernel
+from omniwalk.layers import causal_conv, fused_ops
+
+NORM = {"x_ptr": "*bf16", "residual_ptr": "*bf16", "weight_ptr": "*bf16", "out_ptr": "*bf16",
+        "residual_out_ptr": "*bf16", "stride_x": "i32", "stride_residual": "i32", "eps": "fp32", "width": "i32",
+        "HAS_RESIDUAL": "constexpr", "ZERO_CENTERED": "constexpr", "BLOCK": "constexpr"}
+NORM_ROTARY = {"x_ptr": "*bf16", "weight_ptr": "*bf16", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "out_ptr": "*bf16",
+               "stride_token": "i32", "stride_head": "i32", "stride_cos": "i32", "eps": "fp32",
+               "HAS_NORM": "constexpr", "ZERO_CENTERED": "constexpr", "HEAD_DIM": "constexpr", "BLOCK_D": "constexpr",
+               "HALF": "constexpr", "BLOCK_HALF": "constexpr"}
+KERNELS = [
+    ("race", race_kernel._race_kernel,
+     {"scaled_ptr": "*fp32", "low_ptr": "*i64", "high_ptr": "*i64", "out_ptr": "*i64", "vocab": "i32",
+      "stride_row": "i32", "BLOCK": "constexpr"}, {"BLOCK": 1024}),
+    ("conv decode step", causal_conv._conv_decode_kernel,
+     {"x_ptr": "*bf16", "weight_ptr": "*bf16", "state_ptr": "*bf16", "out_ptr": "*bf16", "new_state_ptr": "*bf16",
+      "stride_x": "i32", "stride_weight": "i32", "stride_state_row": "i32", "stride_state_channel": "i32",
+      "channels": "i32", "TAPS": "constexpr", "BLOCK": "constexpr"}, {"TAPS": 4, "BLOCK": 256}),
+    ("gated rms norm", fused_ops._gated_rms_norm_kernel,
+     {"x_ptr": "*bf16", "gate_ptr": "*bf16", "weight_ptr": "*bf16", "out_ptr": "*bf16", "heads": "i32",
+      "stride_gate_token": "i32", "stride_gate_head": "i32", "eps": "fp32", "width": "i32", "BLOCK": "constexpr"},
+     {"BLOCK": 128}),
+    ("silu and mul", fused_ops._silu_mul_kernel,
+     {"gate_ptr": "*bf16", "up_ptr": "*bf16", "out_ptr": "*bf16", "stride_gate": "i32", "stride_up": "i32",
+      "width": "i32", "BLOCK": "constexpr"}, {"BLOCK": 1024}),
+] + [
+    (f"add+rms norm{' (zero-centered)' * zc}", fused_ops._add_rms_norm_kernel, NORM,
+     {"HAS_RESIDUAL": True, "ZERO_CENTERED": zc, "BLOCK": 1024}) for zc in (False, True)
+] + [
+    (f"norm+rotary{' (zero-centered)' * zc}", fused_ops._norm_rotary_kernel, NORM_ROTARY,
+     {"HAS_NORM": True, "ZERO_CENTERED": zc, "HEAD_DIM": 256, "BLOCK_D": 256, "HALF": 32, "BLOCK_HALF": 32})
+    for zc in (False, True)
+]
+
+failed = 0
+for name, kernel, signature, constexprs in KERNELS:
+    try:
+        triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
+                       target=GPUTarget("cuda", 90, 32))
+    except Exception as exc:   # report every kernel, then fail
+        failed += 1
+        print(f"{name}: {type(exc).__name__}: {exc}")
+sys.exit(1 if failed else 0)
