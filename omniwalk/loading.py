@@ -176,11 +176,11 @@ def uses_decode_graphs(args: EngineArgs, device: torch.device) -> bool:
 
 
 def capture_decode_graphs(args: EngineArgs, lm, cache: PagedKVCache, max_model_len: int,
-                          state_pool=None) -> DecodeGraphs | None:
+                          slot_resource=None) -> DecodeGraphs | None:
     """CUDA graphs of the decode step (None on CPU or with --enforce-eager)."""
     if not uses_decode_graphs(args, cache.keys.device):
         return None
-    graphs = DecodeGraphs(lm, cache, args.max_num_seqs, -(-max_model_len // args.page_size), state_pool)
+    graphs = DecodeGraphs(lm, cache, args.max_num_seqs, -(-max_model_len // args.page_size), slot_resource)
     started = time.perf_counter()
     graphs.capture()
     logger.info("captured decode CUDA graphs for batch sizes %s in %.1f s", graphs.buckets, time.perf_counter() - started)

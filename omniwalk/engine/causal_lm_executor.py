@@ -232,8 +232,8 @@ class CausalLMExecutor(NodeExecutor):
         """Hook: state beside the KV cache that a step writes aside (hybrid models), from
         its decode-graph part and its eager part."""
 
-    def _state_slots(self, handles: list[int]) -> list[int] | None:
-        """Hook: each row's state slot, as input of a decode graph (hybrid models)."""
+    def _row_slots(self, handles: list[int]) -> list[int] | None:
+        """Hook: each row's slot in the decode graphs' slot resource (hybrid models: its state slot)."""
         return None
 
     def _can_look_ahead(self, calls, sequences) -> bool:
@@ -255,7 +255,7 @@ class CausalLMExecutor(NodeExecutor):
         logits = self.decode_graphs.run(
             input_ids=device_tokens, positions=positions,
             slots=[table[p // size] * size + p % size for table, p in zip(tables, positions)],
-            context_lens=positions, page_tables=tables, state_slots=self._state_slots(handles),
+            context_lens=positions, page_tables=tables, row_slots=self._row_slots(handles),
         )
         # Sampled as the real step would sample it: the histories, the sample indices and
         # the logits mask already count this step's tokens; the runtime's item counts
@@ -292,7 +292,7 @@ class CausalLMExecutor(NodeExecutor):
             slots=[table[p // size] * size + p % size for table, p in zip(tables, positions)],
             context_lens=positions,
             page_tables=tables,
-            state_slots=self._state_slots(handles),
+            row_slots=self._row_slots(handles),
         )
 
     def _sample(self, calls: list[NodeCall], logits: torch.Tensor):

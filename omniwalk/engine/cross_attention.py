@@ -70,6 +70,15 @@ class CrossAttentionCache:
         if slot is not None:
             self._free.append(slot)
 
+    # as a decode graph's `SlotResource`: read-only during decode steps
+    writes_back = False
+
+    def decode_view(self, slots: torch.Tensor) -> "CrossAttention":
+        return CrossAttention.for_decode_graph(self, slots)
+
+    def commit_view(self, view: "CrossAttention") -> None:
+        pass
+
     def write(self, handles: list[int], keys: torch.Tensor, values: torch.Tensor) -> None:
         """keys/values: [num_layers, len(handles), source_len, num_heads, head_dim]."""
         slots = torch.tensor([self.slot_of[h] for h in handles], dtype=torch.long, device=self.keys.device)
@@ -88,11 +97,22 @@ class CrossAttention:
         self.uniform = len(set(self.query_lens)) == 1
         self.slot_index = torch.tensor(self.slots, dtype=torch.long, device=cache.keys.device)
 
+    @classmethod
+    def for_decode_graph(cls, cache: CrossAttentionCache, slot_index: torch.Tensor) -> "CrossAttention":
+        """One query per row over the slots `slot_index` holds when the step runs (a CUDA
+        graph's static input buffer)."""
+        view = cls.__new__(cls)
+        view.cache, view.slot_index = cache, slot_index
+        view.query_lens = [1] * len(slot_index)
+        view.slots = None   # only the uniform path runs: it reads slot_index
+        view.uniform = True
+        return view
+
     def forward(self, layer_index: int, query: torch.Tensor, scale: float) -> torch.Tensor:
         # query: [num_tokens, num_heads, head_dim] -> [num_tokens, num_heads, head_dim]
         keys, values = self.cache.keys[layer_index], self.cache.values[layer_index]   # [slots, S, H, D]
         if self.uniform:   # decode steps (and equal chunks): one batched SDPA
-            batch, q_len = len(self.slots), self.query_lens[0]
+            batch, q_len = len(self.slot_index), self.query_lens[0]
             q = query.view(batch, q_len, *query.shape[1:]).transpose(1, 2)             # [B, H, q, D]
             k = keys.index_select(0, self.slot_index).transpose(1, 2).to(q.dtype)     # [B, H, S, D]
             v = values.index_select(0, self.slot_index).transpose(1, 2).to(q.dtype)

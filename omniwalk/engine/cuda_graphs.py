@@ -11,9 +11,11 @@ page that no sequence owns:
 The graph covers the model forward and the LM head; sampling runs after it on the
 device, so one step costs one replay, the sampler's kernels and one copy to the host.
 
-A hybrid model (recurrent layers with a `StatePool`) also gets each row's state slot as an
-input buffer; padded rows use a scratch slot. The new states stay in the graph's output
-tensors until the executor calls `commit_states`, once the step succeeded.
+A model with a per-sequence resource of fixed-size slots (`SlotResource`: a hybrid
+model's `StatePool`, Whisper's cross-attention cache) also gets each row's slot as an
+input buffer; padded rows use a scratch slot. A resource the step writes (recurrent
+states) keeps its new values in the graph's output tensors until the executor calls
+`commit_states`, once the step succeeded.
 
 On a CPU nothing is captured: `run` computes the same forward eagerly from the same
 buffers, so everything built on decode graphs (the look-ahead step, the state commit)
@@ -24,11 +26,27 @@ from __future__ import annotations
 
 import torch
 
+from typing import Any, Protocol
+
 from omniwalk.engine.attention import AttentionMetadata, PagedAttention
 from omniwalk.engine.kv_cache import PagedKVCache
-from omniwalk.engine.state_pool import StateBatch, StatePool
 
-SCRATCH_STATE_HANDLE = -1   # the state-pool handle of the padded rows' slot
+SCRATCH_SLOT_HANDLE = -1   # the handle holding the padded rows' slot
+
+
+class SlotResource(Protocol):
+    """A per-sequence resource of fixed-size slots that a decode step reads by slot."""
+
+    writes_back: bool   # does a step write new values (committed after it succeeded)?
+
+    def allocate(self, handle: int) -> int: ...
+
+    def decode_view(self, slots: torch.Tensor) -> Any:
+        """The model's extra input for a decode batch whose rows use `slots` (a static
+        buffer: the view reads whatever it holds when the graph replays)."""
+
+    def commit_view(self, view: Any) -> None:
+        """Write what the view's step computed into the slots (if `writes_back`)."""
 
 
 def batch_buckets(max_batch_size: int) -> list[int]:
@@ -39,7 +57,7 @@ def batch_buckets(max_batch_size: int) -> list[int]:
 
 class DecodeGraphs:
     def __init__(self, model: torch.nn.Module, cache: PagedKVCache, max_batch_size: int, max_pages_per_sequence: int,
-                 state_pool: StatePool | None = None):
+                 slot_resource: SlotResource | None = None):
         self.model = model
         self.cache = cache
         self.device = cache.keys.device
@@ -55,16 +73,16 @@ class DecodeGraphs:
         self.context_lens = torch.zeros(size, dtype=torch.int32, **on)
         self.query_start = torch.arange(size + 1, dtype=torch.int32, **on)
         self.page_table = torch.full((size, self.max_pages), self.scratch_page, dtype=torch.int32, **on)
-        self.state_pool = state_pool
-        self.state_batches: dict[int, StateBatch] = {}     # bucket -> its captured states
-        self.commit_graphs: dict[int, torch.cuda.CUDAGraph] = {}   # bucket -> its states' commit
-        if state_pool is not None:
-            self.scratch_slot = state_pool.allocate(SCRATCH_STATE_HANDLE)   # owned by no sequence, ever
-            self.state_slots = torch.full((size,), self.scratch_slot, dtype=torch.long, **on)
+        self.slot_resource = slot_resource
+        self.views: dict[int, Any] = {}                               # bucket -> its resource view
+        self.commit_graphs: dict[int, torch.cuda.CUDAGraph] = {}      # bucket -> its view's commit
+        if slot_resource is not None:
+            self.scratch_slot = slot_resource.allocate(SCRATCH_SLOT_HANDLE)   # owned by no sequence, ever
+            self.row_slots = torch.full((size,), self.scratch_slot, dtype=torch.long, **on)
         self._last_batch = 0
         self.on_cuda = self.device.type == "cuda"
         pinned = dict(pin_memory=self.on_cuda)
-        # pinned staging: [ids; positions; slots; state slots] and [context_len, page table...]
+        # pinned staging: [ids; positions; KV slots; resource slots] and [context_len, page table...]
         self.host_longs = torch.zeros(4, size, dtype=torch.long, **pinned)
         self.host_ints = torch.zeros(size, 1 + self.max_pages, dtype=torch.int32, **pinned)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
@@ -79,9 +97,9 @@ class DecodeGraphs:
             max_query_len=1,
         )
         inputs = (self.input_ids[:batch], self.positions[:batch], PagedAttention(self.cache, meta))
-        if self.state_pool is not None:
-            self.state_batches[batch] = StateBatch.for_decode_graph(self.state_pool, self.state_slots[:batch])
-            inputs += (self.state_batches[batch],)
+        if self.slot_resource is not None:
+            self.views[batch] = self.slot_resource.decode_view(self.row_slots[:batch])
+            inputs += (self.views[batch],)
         hidden = self.model(*inputs)
         return self.model.compute_logits(hidden)   # [batch, vocab] fp32
 
@@ -101,10 +119,10 @@ class DecodeGraphs:
                     logits = self._forward(batch)
                 pool = graph.pool()
                 self.graphs[batch] = (graph, logits)
-                if self.state_pool is not None:   # one replay instead of two launches per layer
-                    commit = torch.cuda.CUDAGraph()
+                if self.slot_resource is not None and self.slot_resource.writes_back:
+                    commit = torch.cuda.CUDAGraph()   # one replay, not two launches per layer
                     with torch.cuda.graph(commit, pool=pool, stream=stream):
-                        self.state_batches[batch].commit()
+                        self.slot_resource.commit_view(self.views[batch])
                     self.commit_graphs[batch] = commit
         torch.cuda.current_stream(self.device).wait_stream(stream)
         torch.cuda.synchronize(self.device)
@@ -114,12 +132,12 @@ class DecodeGraphs:
 
     def run(self, input_ids: list[int] | torch.Tensor, positions: list[int], slots: list[int],
             context_lens: list[int], page_tables: list[list[int]],
-            state_slots: list[int] | None = None) -> torch.Tensor:
+            row_slots: list[int] | None = None) -> torch.Tensor:
         """Logits [n, vocab] of one decode step of n sequences.
 
         `input_ids` may be a device tensor (the previous step's samples): then the step
-        is launched without the host ever seeing the tokens. `state_slots`: each row's
-        state-pool slot (hybrid models only)."""
+        is launched without the host ever seeing the tokens. `row_slots`: each row's
+        slot in the slot resource (if any)."""
         n = len(positions)
         batch = next(b for b in self.buckets if b >= n)
         longs = self.host_longs.numpy()
@@ -137,10 +155,10 @@ class DecodeGraphs:
         for row, table in enumerate(page_tables):
             ints[row, 1 : 1 + len(table)] = table
         ints[n:batch, 1] = self.scratch_page
-        if self.state_pool is not None:
-            longs[3, :n] = state_slots
+        if self.slot_resource is not None:
+            longs[3, :n] = row_slots
             longs[3, n:batch] = self.scratch_slot
-            self.state_slots[:batch].copy_(self.host_longs[3, :batch], non_blocking=True)
+            self.row_slots[:batch].copy_(self.host_longs[3, :batch], non_blocking=True)
         if on_device:
             self.input_ids[:n].copy_(input_ids)
             self.input_ids[n:batch].zero_()
@@ -158,11 +176,11 @@ class DecodeGraphs:
         return logits[:n]
 
     def commit_states(self) -> None:
-        """Write the recurrent states of the last replay into the pool (padded rows: the scratch slot)."""
+        """Write what the last replay computed into the slot resource (padded rows: the scratch slot)."""
         if self.on_cuda:
             self.commit_graphs[self._last_batch].replay()
         else:
-            self.state_batches[self._last_batch].commit()
+            self.slot_resource.commit_view(self.views[self._last_batch])
 
     def copy_to_host(self, tokens: torch.Tensor) -> "HostCopy":
         """Start copying `tokens` [n] to pinned host memory; `wait()` returns them as a list."""

@@ -43,7 +43,7 @@ class HybridLMExecutor(CausalLMExecutor):
         if cache.enable_prefix_caching:
             raise ValueError("prefix caching cannot be on for a hybrid model: a shared KV prefix "
                              "comes without the recurrent state at its end")
-        if decode_graphs is not None and decode_graphs.state_pool is not state_pool:
+        if decode_graphs is not None and decode_graphs.slot_resource is not state_pool:
             raise ValueError("the decode graphs must read and write this executor's state pool")
         super().__init__(model, cache, max_batch_size, decode_graphs=decode_graphs)
         self.state_pool = state_pool
@@ -84,7 +84,7 @@ class HybridLMExecutor(CausalLMExecutor):
             self._states.commit()
             self._states = None
 
-    def _state_slots(self, handles: list[int]) -> list[int]:
+    def _row_slots(self, handles: list[int]) -> list[int]:
         return [self.state_pool.slots[h] for h in handles]
 
     def _forward_eager(self, calls, sequences, done) -> torch.Tensor:

@@ -97,6 +97,15 @@ class StatePool:
         if slot is not None:
             self._free.append(slot)
 
+    # as a decode graph's `SlotResource`: a step writes new states, committed after it
+    writes_back = True
+
+    def decode_view(self, slots: torch.Tensor) -> "StateBatch":
+        return StateBatch.for_decode_graph(self, slots)
+
+    def commit_view(self, view: "StateBatch") -> None:
+        view.commit()
+
 
 class StateBatch:
     """The recurrent states of one forward pass over a ragged batch.

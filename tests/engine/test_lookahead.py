@@ -23,7 +23,7 @@ def engine(model: str, graphs: bool, max_num_seqs: int = 8, **engine_args) -> En
         executor = loaded.served.executors["backbone"]
         executor.decode_graphs = DecodeGraphs(
             executor.model, executor.cache, max_num_seqs, -(-loaded.max_model_len // args.page_size),
-            getattr(executor, "state_pool", None))
+            getattr(executor, "state_pool", None))   # the hybrid model's slot resource
     return Engine(args, loaded=loaded)
 
 

@@ -352,3 +352,32 @@ def test_english_only_checkpoint_equals_hf_generate(checkpoint, tmp_path):
                                  (greedy(audio, 12, task="translate"), "cannot translate")]:
             with pytest.raises(ValueError, match=message):
                 submit_transcription(engine, request)
+
+
+def test_decode_graph_path_equals_eager_path(monkeypatch):
+    """The decoder's decode-graph path (eager on a CPU, the same buffers and cross-attention
+    slots a captured graph reads) gives the eager path's ids, with language detection,
+    windows of long audio and 8 streams at once."""
+    from omniwalk.engine.cuda_graphs import DecodeGraphs
+    from omniwalk.loading import load_model
+    from omniwalk.models.whisper.executors import DecoderStep
+
+    requests = [greedy(clip(["sine", "chirp", "noise"][i % 3], 3 + 5 * i, seed=i), 30,
+                       language=None if i % 3 == 0 else "en") for i in range(8)]
+    replays = []
+    run = DecodeGraphs.run
+    monkeypatch.setattr(DecodeGraphs, "run", lambda self, **kw: replays.append(len(kw["positions"])) or run(self, **kw))
+    outputs = {}
+    for graphs in (False, True):
+        args = EngineArgs("tiny-whisper", device="cpu", dtype="float32", max_num_seqs=9, kv_cache_tokens=16384)
+        loaded = load_model(args)
+        decoder = loaded.served.executors["decoder"]
+        if graphs:
+            decoder.decode_graphs = DecodeGraphs(DecoderStep(decoder.model), decoder.cache, 8,
+                                                 -(-loaded.max_model_len // args.page_size), decoder.cross)
+        with Engine(args, loaded=loaded) as engine:
+            streams = [submit_transcription(engine, r) for r in requests]
+            outputs[graphs] = [[t for c in s for t in c.token_ids] for s in streams]
+    assert outputs[True] == outputs[False]
+    assert sum(len(ids) for ids in outputs[True]) > 100
+    assert len(replays) > 20 and max(replays) > 1       # batched decode steps went through the graphs

@@ -95,7 +95,7 @@ def load_qwen3_5(args: EngineArgs, family, folder: Path | None) -> LoadedModel:
         logger.info("prefix caching is off for %s: a shared KV prefix would also need the recurrent "
                     "state at its end", family.name)
     cache = PagedKVCache(shape, dtype, device, enable_prefix_caching=False)
-    graphs = capture_decode_graphs(args, lm, cache, max_model_len, state_pool=pool)
+    graphs = capture_decode_graphs(args, lm, cache, max_model_len, slot_resource=pool)
     served = HybridTextGenerationModel(lm, cache, pool, max_batch_size=args.max_num_seqs, decode_graphs=graphs)
     logger.info("loaded %s (%s, %s on %s%s); KV cache (%d attention layers): %d tokens in %d pages of %d; "
                 "recurrent state (%d layers): %d slots of %.1f MiB",

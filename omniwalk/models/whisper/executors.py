@@ -42,6 +42,7 @@ import torch
 
 from omniwalk.engine.attention import PagedAttention, build_metadata
 from omniwalk.engine.cross_attention import CrossAttention, CrossAttentionCache
+from omniwalk.engine.cuda_graphs import DecodeGraphs
 from omniwalk.engine.kv_cache import PagedKVCache
 from omniwalk.engine.sampler import Sampler
 from omniwalk.models.whisper.config import ForcedPrompt, WhisperGenerationConfig
@@ -125,6 +126,20 @@ class TranscriptState:
 LANGUAGE, NEXT_WINDOW, TOKEN = "language", "next_window", "token"
 
 
+class DecoderStep:
+    """The decoder as `DecodeGraphs` calls a model: (ids, positions, self-attention,
+    cross-attention) -> hidden states, and `compute_logits`."""
+
+    def __init__(self, model: WhisperForConditionalGeneration):
+        self.model = model
+
+    def __call__(self, input_ids, positions, attention: PagedAttention, cross: CrossAttention) -> torch.Tensor:
+        return self.model.decoder(input_ids, positions, attention, cross)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.compute_logits(hidden)
+
+
 class DecoderExecutor(NodeExecutor):
     """Node `decoder`: `tokens` (a DecoderPrompt at prefill, the last token at decode)
     -> `token`, `window`. See the module docstring for the phases."""
@@ -132,8 +147,12 @@ class DecoderExecutor(NodeExecutor):
     chunkable = True
 
     def __init__(self, model: WhisperForConditionalGeneration, cache: PagedKVCache, cross: CrossAttentionCache,
-                 generation: WhisperGenerationConfig, max_batch_size: int = 256, max_cross_writes: int = 8):
+                 generation: WhisperGenerationConfig, max_batch_size: int = 256, max_cross_writes: int = 8,
+                 decode_graphs: DecodeGraphs | None = None):
+        if decode_graphs is not None and decode_graphs.slot_resource is not cross:
+            raise ValueError("the decode graphs must read this executor's cross-attention cache")
         self.model = model
+        self.decode_graphs = decode_graphs
         self.cache = cache
         self.cross = cross
         self.generation = generation
@@ -199,7 +218,10 @@ class DecoderExecutor(NodeExecutor):
         self._write_cross([calls[i].stream.handle for i in stale], [states[i] for i in stale])
         done = [i for i, (call, s) in enumerate(zip(calls, states))
                 if s.num_computed + call.num_tokens == len(s.token_ids)]
-        logits = self._forward(calls, states, done)
+        if self._fits_graph(calls, states, done, stale):
+            logits = self._decode_with_graph(calls, states)
+        else:
+            logits = self._forward(calls, states, done)
         decisions = self._decide([calls[i] for i in done], [states[i] for i in done], logits) if done else []
 
         # Commit only after everything succeeded: a failed batch is retried call by call.
@@ -211,6 +233,24 @@ class DecoderExecutor(NodeExecutor):
         for i, (kind, value) in zip(done, decisions):
             results[i] = self._commit(calls[i].stream.handle, states[i], kind, value)
         return results
+
+    def _fits_graph(self, calls, states, done, stale) -> bool:
+        """Only decode steps (one token each, cross keys already written) replay a graph."""
+        return (self.decode_graphs is not None and not stale and len(done) == len(calls)
+                and all(call.num_tokens == 1 for call in calls)
+                and self.decode_graphs.fits(len(calls), max(len(self.cache.page_tables[c.stream.handle])
+                                                             for c in calls)))
+
+    def _decode_with_graph(self, calls: list[NodeCall], states: list[TranscriptState]) -> torch.Tensor:
+        handles = [call.stream.handle for call in calls]
+        positions = [s.num_computed for s in states]
+        size = self.cache.page_size
+        tables = [self.cache.page_tables[h] for h in handles]
+        return self.decode_graphs.run(
+            input_ids=[s.token_ids[-1] for s in states], positions=positions,
+            slots=[table[p // size] * size + p % size for table, p in zip(tables, positions)],
+            context_lens=positions, page_tables=tables, row_slots=[self.cross.slot_of[h] for h in handles],
+        )   # [rows, vocab] fp32
 
     def _write_cross(self, handles: list[int], states: list[TranscriptState]) -> None:
         step = self.max_cross_writes

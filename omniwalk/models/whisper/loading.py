@@ -9,7 +9,8 @@
     --load-format dummy   random weights at the checkpoint's shapes
 
 Resources, in this order (the KV cache takes what GPU memory is left): one
-cross-attention slot per running request (`max_num_seqs`), then the paged
+cross-attention slot per running request (`max_num_seqs`, + one for the decode graphs'
+padded rows on CUDA), then the paged
 self-attention KV cache of the decoder (no prefix caching: a decoder's keys depend
 on its audio through cross-attention, so equal prompts do not mean equal keys).
 """
@@ -25,11 +26,12 @@ from types import SimpleNamespace
 from omniwalk.engine.cross_attention import CrossAttentionCache, CrossAttentionShape
 from omniwalk.engine.kv_cache import PagedKVCache
 from omniwalk.loading import (
-    EngineArgs, LoadedModel, NoTokenizer, build_module, has_tokenizer_files, kv_cache_shape, load_tokenizer,
-    resolve_device, resolve_dtype,
+    EngineArgs, LoadedModel, NoTokenizer, build_module, capture_decode_graphs, has_tokenizer_files, kv_cache_shape,
+    load_tokenizer, resolve_device, resolve_dtype, uses_decode_graphs,
 )
 from omniwalk.models.loader import read_hf_config
 from omniwalk.models.whisper.config import WhisperConfig, WhisperGenerationConfig, tiny_config
+from omniwalk.models.whisper.executors import DecoderStep
 from omniwalk.models.whisper.features import FeatureConfig, LogMelFeatures
 from omniwalk.models.whisper.model import WhisperTranscriptionModel
 from omniwalk.models.whisper.modeling import WhisperForConditionalGeneration
@@ -67,8 +69,9 @@ def load_whisper(args: EngineArgs, family, folder: Path | None) -> LoadedModel:
     net = build_module(lambda: WhisperForConditionalGeneration(config), device, dtype, random_weights, args.seed,
                        folder, rename=lambda name: None if tied and name == "proj_out.weight" else name)
 
+    num_slots = args.max_num_seqs + (1 if uses_decode_graphs(args, device) else 0)
     cross = CrossAttentionCache(CrossAttentionShape(
-        config.decoder_layers, args.max_num_seqs, config.max_source_positions, config.decoder_attention_heads,
+        config.decoder_layers, num_slots, config.max_source_positions, config.decoder_attention_heads,
         config.decoder_head_dim), dtype, device)
     layout = SimpleNamespace(num_layers=config.decoder_layers, num_kv_heads=config.decoder_attention_heads,
                              head_dim=config.decoder_head_dim)
@@ -77,8 +80,9 @@ def load_whisper(args: EngineArgs, family, folder: Path | None) -> LoadedModel:
         raise ValueError(f"the KV cache holds {shape.capacity_tokens} tokens; one Whisper window needs "
                          f"{config.max_target_positions}")
     cache = PagedKVCache(shape, dtype, device, enable_prefix_caching=False)
+    graphs = capture_decode_graphs(args, DecoderStep(net), cache, config.max_target_positions, slot_resource=cross)
     served = WhisperTranscriptionModel(net, cache, cross, generation, LogMelFeatures(feature_config),
-                                       max_batch_size=args.max_num_seqs)
+                                       max_batch_size=args.max_num_seqs, decode_graphs=graphs)
     logger.info("loaded %s (whisper, %s on %s%s); %d cross-attention slots, KV cache: %d tokens",
                 args.model, dtype, device, ", random weights" if random_weights else "",
                 args.max_num_seqs, shape.capacity_tokens)

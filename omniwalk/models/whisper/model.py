@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from omniwalk.engine.cross_attention import CrossAttentionCache
+from omniwalk.engine.cuda_graphs import DecodeGraphs
 from omniwalk.engine.kv_cache import PagedKVCache
 from omniwalk.graph import (
     BudgetSpec, Keep, Loop, ModelGraph, Node, Sequential, StreamSpec, StreamView, ToClient, Walk, WalkCall,
@@ -76,7 +77,7 @@ class WhisperTranscriptionModel:
 
     def __init__(self, net: WhisperForConditionalGeneration, cache: PagedKVCache, cross: CrossAttentionCache,
                  generation: WhisperGenerationConfig, features: LogMelFeatures, *, max_batch_size: int = 256,
-                 max_encoder_windows: int = 16):
+                 max_encoder_windows: int = 16, decode_graphs: DecodeGraphs | None = None):
         self.net = net
         self.config = net.config
         self.cache = cache
@@ -86,7 +87,7 @@ class WhisperTranscriptionModel:
         self.graph = whisper_graph()
         self.executors = {
             ENCODER.name: EncoderExecutor(net.encoder, max_encoder_windows, max_batch_size),
-            DECODER.name: DecoderExecutor(net, cache, cross, generation, max_batch_size),
+            DECODER.name: DecoderExecutor(net, cache, cross, generation, max_batch_size, decode_graphs=decode_graphs),
         }
 
     @property
