@@ -129,4 +129,9 @@ def test_whisper_greedy_ids_cuda_equal_cpu():
         return [transcribe(engine, TranscriptionRequest(clip, language="en", max_output_tokens=40)).token_ids
                 for clip in clips]
 
-    assert run_on("cuda", "tiny-whisper", listen) == run_on("cpu", "tiny-whisper", listen)
+    def listen_with_graphs(engine):
+        assert engine.model.executors["decoder"].decode_graphs is not None
+        return listen(engine)
+
+    assert run_on("cuda", "tiny-whisper", listen_with_graphs) == run_on("cpu", "tiny-whisper", listen)
+    assert run_on("cuda", "tiny-whisper", listen, enforce_eager=True) == run_on("cpu", "tiny-whisper", listen)
