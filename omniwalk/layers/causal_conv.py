@@ -49,23 +49,36 @@ def causal_conv1d_decode(
     x: torch.Tensor,          # [batch, channels]: one new input per sequence
     weight: torch.Tensor,     # [channels, kernel_size]
     state: torch.Tensor,      # [batch, channels, kernel_size - 1]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """A decode step of `causal_conv1d` + SiLU: outputs [batch, channels] and the new state.
+    parts: tuple[int, int, int] | None = None,
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """A decode step of `causal_conv1d` + SiLU: the outputs and the new state.
 
-    One kernel on CUDA instead of a concatenation, a convolution, the SiLU and the state
-    slice; rounds where the torch version rounds (sum in fp32, then the weight dtype)."""
+    The outputs come as `parts` (channel counts summing to `channels`: Gated DeltaNet's
+    q | k | v), each a contiguous [batch, part] tensor, or as one [batch, channels] tensor.
+    One kernel on CUDA instead of a concatenation, a convolution, the SiLU, the state
+    slice and the copies a kernel taking contiguous inputs would need; it rounds where the
+    torch version rounds (sum in fp32, then the weight dtype)."""
+    batch, channels = x.shape
+    parts = parts or (channels, 0, 0)
+    if sum(parts) != channels:
+        raise ValueError(f"parts {parts} do not add up to {channels} channels")
     if not use_triton(x):
         out, new_state = causal_conv1d(x[:, None], weight, state)
-        return out[:, 0], new_state
-    batch, channels = x.shape
+        pieces = out[:, 0].split(list(parts), dim=-1)
+        return [piece.contiguous() for piece, width in zip(pieces, parts) if width], new_state
     taps = weight.shape[1]
-    out = torch.empty((batch, channels), dtype=x.dtype, device=x.device)
+    out = torch.empty(batch * channels, dtype=x.dtype, device=x.device)   # part-major: all q, all k, all v
     new_state = torch.empty(state.shape, dtype=state.dtype, device=state.device)
     block = min(256, triton.next_power_of_2(channels))
     _conv_decode_kernel[(batch, triton.cdiv(channels, block))](
         x, weight, state, out, new_state, x.stride(0), weight.stride(0), state.stride(0), state.stride(1),
-        channels, TAPS=taps, BLOCK=block)
-    return out, new_state
+        channels, batch, parts[0], parts[0] + parts[1], TAPS=taps, BLOCK=block)
+    outputs, start = [], 0
+    for width in parts:
+        if width:
+            outputs.append(out[start : start + batch * width].view(batch, width))
+            start += batch * width
+    return outputs, new_state
 
 
 if triton is not None:
@@ -73,7 +86,7 @@ if triton is not None:
     @triton.jit
     def _conv_decode_kernel(x_ptr, weight_ptr, state_ptr, out_ptr, new_state_ptr,
                             stride_x, stride_weight, stride_state_row, stride_state_channel, channels,
-                            TAPS: tl.constexpr, BLOCK: tl.constexpr):
+                            batch, end_first, end_second, TAPS: tl.constexpr, BLOCK: tl.constexpr):
         row = tl.program_id(0)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = cols < channels
@@ -92,5 +105,9 @@ if triton is not None:
                 tl.store(new_state_row + (j - 1), s, mask=mask)
         tl.store(new_state_row + (TAPS - 2), x.to(new_state_ptr.dtype.element_ty), mask=mask)
         conv = acc.to(w_dtype).to(tl.float32)
-        tl.store(out_ptr + row * channels + cols,
-                 (conv / (1.0 + tl.exp(-conv))).to(w_dtype).to(out_ptr.dtype.element_ty), mask=mask)
+        # part-major output: channel c of part p lands in part p's contiguous [batch, width] block
+        dst = tl.where(cols < end_first, row * end_first + cols,
+                       tl.where(cols < end_second,
+                                batch * end_first + row * (end_second - end_first) + (cols - end_first),
+                                batch * end_second + row * (channels - end_second) + (cols - end_second)))
+        tl.store(out_ptr + dst, (conv / (1.0 + tl.exp(-conv))).to(w_dtype).to(out_ptr.dtype.element_ty), mask=mask)

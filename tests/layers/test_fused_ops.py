@@ -97,6 +97,9 @@ def test_causal_conv1d_decode_step(force_triton, monkeypatch, taps, dtype):
     weight = torch.randn(40, taps, dtype=dtype)
     state = torch.randn(3, 40, taps - 1, dtype=dtype)
     expected_out, expected_state = causal_conv.causal_conv1d(x[:, None], weight, state)
-    out, new_state = causal_conv.causal_conv1d_decode(x, weight, state)
+    [out], new_state = causal_conv.causal_conv1d_decode(x, weight, state)
     assert_close(out, expected_out[:, 0])
     assert torch.equal(new_state, expected_state)
+    q, k, v = causal_conv.causal_conv1d_decode(x, weight, state, parts=(12, 12, 16))[0]   # as q | k | v
+    assert all(part.is_contiguous() for part in (q, k, v))
+    assert_close(torch.cat([q, k, v], dim=-1), expected_out[:, 0])

@@ -130,8 +130,7 @@ class GatedDeltaNet(nn.Module):
         mixed, z, b, a = self.in_proj(x).split(self.splits, dim=-1)
 
         conv_state, recurrent_state = states.read(self.state_layer)
-        mixed, new_conv = self._convolve(mixed, conv_state, states)
-        q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        (q, k, v), new_conv = self._convolve(mixed, conv_state, states)
         q = q.reshape(num_tokens, self.num_k_heads, self.head_k_dim)
         k = k.reshape(num_tokens, self.num_k_heads, self.head_k_dim)
         v = v.reshape(num_tokens, self.num_v_heads, self.head_v_dim)
@@ -149,10 +148,10 @@ class GatedDeltaNet(nn.Module):
 
     def _convolve(self, mixed: torch.Tensor, conv_state: torch.Tensor, states: StateBatch):
         """Short causal conv + SiLU of each sequence's new tokens [tokens, conv_dim], from its
-        carried state; returns the outputs and the new conv states."""
+        carried state; returns (q, k, v) [tokens, key/value dim] and the new conv states."""
         weight = self.conv1d.weight.squeeze(1)
-        if states.all_decode:
-            return causal_conv1d_decode(mixed, weight, conv_state)
+        if states.all_decode:   # q, k, v come out contiguous: fla's kernel reads them as they are
+            return causal_conv1d_decode(mixed, weight, conv_state, (self.key_dim, self.key_dim, self.value_dim))
         out, new_state = torch.empty_like(mixed), conv_state.clone()
         if len(states.decode_rows):
             rows, tokens = states.decode_rows, states.decode_tokens
@@ -162,7 +161,7 @@ class GatedDeltaNet(nn.Module):
             span = slice(start, start + length)
             piece, new_state[row] = causal_conv1d(mixed[None, span], weight, conv_state[row, None])
             out[span] = piece[0]
-        return out, new_state
+        return out.split([self.key_dim, self.key_dim, self.value_dim], dim=-1), new_state
 
 
 class Qwen3_5DecoderLayer(nn.Module):
