@@ -8,7 +8,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from omniwalk.engine import race_kernel
+from omniwalk.engine import cross_attention, race_kernel
 from omniwalk.layers import causal_conv, fused_ops
 
 NORM = {"x_ptr": "*bf16", "residual_ptr": "*bf16", "weight_ptr": "*bf16", "out_ptr": "*bf16",
@@ -31,6 +31,12 @@ KERNELS = [
      {"x_ptr": "*bf16", "gate_ptr": "*bf16", "weight_ptr": "*bf16", "out_ptr": "*bf16", "heads": "i32",
       "stride_gate_token": "i32", "stride_gate_head": "i32", "eps": "fp32", "width": "i32", "BLOCK": "constexpr"},
      {"BLOCK": 128}),
+    ("cross-attention decode", cross_attention._cross_decode_kernel,
+     {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "slot_ptr": "*i64", "out_ptr": "*bf16", "scale": "fp32",
+      "stride_q_row": "i32", "stride_q_head": "i32", "stride_slot": "i64", "stride_pos": "i32", "stride_head": "i32",
+      "stride_o_row": "i32", "stride_o_head": "i32", "source_len": "i32",
+      "HEAD_DIM": "constexpr", "BLOCK_D": "constexpr", "BLOCK_N": "constexpr"},
+     {"HEAD_DIM": 64, "BLOCK_D": 64, "BLOCK_N": 64}),
     ("silu and mul", fused_ops._silu_mul_kernel,
      {"gate_ptr": "*bf16", "up_ptr": "*bf16", "out_ptr": "*bf16", "stride_gate": "i32", "stride_up": "i32",
       "width": "i32", "BLOCK": "constexpr"}, {"BLOCK": 1024}),
