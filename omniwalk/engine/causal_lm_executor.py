@@ -37,6 +37,7 @@ import torch
 
 from omniwalk.engine.attention import PagedAttention, build_metadata
 from omniwalk.engine.cuda_graphs import DecodeGraphs, HostCopy
+from omniwalk.engine.host_to_device import to_device
 from omniwalk.engine.kv_cache import PagedKVCache
 from omniwalk.engine.sampler import Sampler
 from omniwalk.runtime.executor import NodeCall, NodeExecutor
@@ -321,7 +322,7 @@ class CausalLMExecutor(NodeExecutor):
             stop = call.stream.params.stop
             if call.stream.count + ahead < stop.min_items:   # no stop item before min_tokens (as HF/vLLM)
                 banned = [t for t in stop.stopping_ids() if t < logits.shape[1]]
-                logits[row, banned] = float("-inf")
+                logits[row, to_device(banned, torch.long, logits.device)] = float("-inf")
         if self.logits_mask is not None:   # the model's rule for what may be sampled at all
             self.logits_mask(logits, calls, [s.output_ids for s in sequences])
         params = [call.stream.params.sampling for call in calls]

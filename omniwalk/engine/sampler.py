@@ -41,6 +41,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from omniwalk.engine.host_to_device import to_device
 from omniwalk.engine.race_kernel import race_argmax
 from omniwalk.layers.fused_ops import use_triton
 
@@ -162,8 +163,8 @@ def _fmix32(h: torch.Tensor) -> torch.Tensor:
 
 
 def _key_halves(keys: list[int], device) -> tuple[torch.Tensor, torch.Tensor]:
-    low = torch.tensor([k & _MASK32 for k in keys], dtype=torch.int64, device=device)
-    high = torch.tensor([k >> 32 for k in keys], dtype=torch.int64, device=device)
+    low = to_device([k & _MASK32 for k in keys], dtype=torch.int64, device=device)
+    high = to_device([k >> 32 for k in keys], dtype=torch.int64, device=device)
     return low, high
 
 
@@ -216,7 +217,7 @@ class Sampler:
         else:
             token_ids = processed.argmax(dim=-1)
             if sampled_rows:
-                idx = torch.tensor(sampled_rows, dtype=torch.int64, device=logits.device)
+                idx = to_device(sampled_rows, dtype=torch.int64, device=logits.device)
                 chosen = self._race(
                     processed.index_select(0, idx),
                     [seeds[i] for i in sampled_rows],
@@ -260,7 +261,7 @@ class Sampler:
         # Greedy rows ride along with neutral settings (T=1, nothing masked); their
         # values are restored at the end.
         greedy = [p.is_greedy for p in params]
-        temps = torch.tensor(
+        temps = to_device(
             [1.0 if p.is_greedy else max(p.temperature, _MIN_TEMPERATURE) for p in params],
             dtype=torch.float32, device=device,
         ).unsqueeze(1)
@@ -275,7 +276,7 @@ class Sampler:
         if len(sort_rows) == len(params):
             scaled = self._top_k_top_p(scaled, params, use_top_k, use_top_p)
         elif sort_rows:  # sort only the rows that need it
-            idx = torch.tensor(sort_rows, dtype=torch.int64, device=device)
+            idx = to_device(sort_rows, dtype=torch.int64, device=device)
             sub = self._top_k_top_p(
                 scaled.index_select(0, idx),
                 [params[i] for i in sort_rows],
@@ -285,7 +286,7 @@ class Sampler:
             scaled = scaled.index_copy(0, idx, sub)
         if any(use_min_p):
             # p_i < min_p * p_max  <=>  l_i < l_max + log(min_p)   (l: scaled logits)
-            log_min_p = torch.tensor(
+            log_min_p = to_device(
                 [math.log(p.min_p) if m else -math.inf for p, m in zip(params, use_min_p)],
                 dtype=torch.float32, device=device,
             ).unsqueeze(1)
@@ -293,7 +294,7 @@ class Sampler:
             scaled = scaled.masked_fill(scaled < row_max + log_min_p, -math.inf)
 
         if any(greedy):
-            greedy_mask = torch.tensor(greedy, dtype=torch.bool, device=device).unsqueeze(1)
+            greedy_mask = to_device(greedy, dtype=torch.bool, device=device).unsqueeze(1)
             scaled = torch.where(greedy_mask, x, scaled)
         return scaled
 
@@ -313,18 +314,17 @@ class Sampler:
             lengths = np.array([len(a) for a in arrays], dtype=np.int64)
             row_of = np.repeat(np.repeat(np.asarray(rows, dtype=np.int64), len(lists)), lengths)
             tokens = np.concatenate(arrays) if arrays else np.empty(0, dtype=np.int64)
-            rt = torch.from_numpy(row_of).to(device)
-            tt = torch.from_numpy(tokens).to(device)
-            # ids outside the output vocabulary (placeholders, padded embeddings) are ignored
-            ok = (tt >= 0) & (tt < vocab)
-            return rt[ok], tt[ok]
+            # ids outside the output vocabulary (placeholders, padded embeddings) are ignored;
+            # filtered here, on the host: a boolean index on the device would wait for it
+            ok = (tokens >= 0) & (tokens < vocab)
+            return to_device(row_of[ok], device=device), to_device(tokens[ok], device=device)
 
         rep_rows = [i for i, p in enumerate(params) if p.repetition_penalty != 1.0]
         if rep_rows:
             r, t = flat_index(rep_rows, [prompt_token_ids, output_token_ids])
             seen = torch.zeros((batch, vocab), dtype=torch.bool, device=device)
             seen[r, t] = True
-            penalty = torch.tensor(
+            penalty = to_device(
                 [p.repetition_penalty for p in params], dtype=torch.float32, device=device
             ).unsqueeze(1)
             penalized = torch.where(x < 0, x * penalty, x / penalty)
@@ -338,10 +338,10 @@ class Sampler:
             r, t = flat_index(out_rows, [output_token_ids])
             counts = torch.zeros((batch, vocab), dtype=torch.float32, device=device)
             counts.index_put_((r, t), torch.ones_like(t, dtype=torch.float32), accumulate=True)
-            freq = torch.tensor(
+            freq = to_device(
                 [p.frequency_penalty for p in params], dtype=torch.float32, device=device
             ).unsqueeze(1)
-            pres = torch.tensor(
+            pres = to_device(
                 [p.presence_penalty for p in params], dtype=torch.float32, device=device
             ).unsqueeze(1)
             x = x - freq * counts
@@ -363,24 +363,24 @@ class Sampler:
         keep = torch.ones_like(sorted_vals, dtype=torch.bool)
 
         if any(use_top_k):
-            k = torch.tensor(
+            k = to_device(
                 [p.top_k if u else vocab for p, u in zip(params, use_top_k)],
                 dtype=torch.int64, device=device,
             ).unsqueeze(1)
             kth = sorted_vals.gather(1, k - 1)
-            active = torch.tensor(use_top_k, dtype=torch.bool, device=device).unsqueeze(1)
+            active = to_device(use_top_k, dtype=torch.bool, device=device).unsqueeze(1)
             # HF semantics: ties with the k-th value are kept
             keep = keep & ((sorted_vals >= kth) | ~active)
 
         if any(use_top_p):
-            top_p = torch.tensor(
+            top_p = to_device(
                 [p.top_p if u else 1.0 for p, u in zip(params, use_top_p)],
                 dtype=torch.float32, device=device,
             ).unsqueeze(1)
             probs = torch.softmax(sorted_vals.masked_fill(~keep, -math.inf), dim=-1)
             cum = probs.cumsum(dim=-1)
             exclusive = F.pad(cum[:, :-1], (1, 0))  # mass strictly before each token
-            active = torch.tensor(use_top_p, dtype=torch.bool, device=device).unsqueeze(1)
+            active = to_device(use_top_p, dtype=torch.bool, device=device).unsqueeze(1)
             # keep a token while the mass before it is below top_p (the first always)
             keep = keep & ((exclusive < top_p) | ~active)
 

@@ -49,6 +49,7 @@ import torch
 
 from omniwalk.engine.causal_lm_executor import CausalLMExecutor
 from omniwalk.engine.cuda_graphs import DecodeGraphs
+from omniwalk.engine.host_to_device import to_device
 from omniwalk.engine.kv_cache import PagedKVCache
 from omniwalk.engine.sampler import row_key
 from omniwalk.graph import (
@@ -159,11 +160,11 @@ class AudioCodeMask:
 
     def __call__(self, logits: torch.Tensor, calls: list[NodeCall], output_ids: list[list[int]]) -> None:
         device, size = logits.device, self.tokens.codebook_size
-        position = torch.tensor([len(ids) % CODES_PER_FRAME for ids in output_ids], device=device)
+        position = to_device([len(ids) % CODES_PER_FRAME for ids in output_ids], device=device)
         start = (self.tokens.audio_start + position * size).unsqueeze(1)          # [rows, 1]
         vocab = torch.arange(logits.shape[1], device=device).unsqueeze(0)          # [1, vocab]
         allowed = (vocab >= start) & (vocab < start + size)
-        may_stop = torch.tensor([not call.stream.params.stop.ignore_eos for call in calls], device=device)
+        may_stop = to_device([not call.stream.params.stop.ignore_eos for call in calls], device=device)
         allowed |= (vocab == self.tokens.end_of_speech) & may_stop.unsqueeze(1)
         logits.masked_fill_(~allowed, float("-inf"))
 
