@@ -92,6 +92,9 @@ class TokenLogprobs:
 # (logits [num_rows, vocab] float32 to set to -inf in place, the rows' calls, each row's
 # sampled ids so far) -> None. A model that may only emit some ids (Orpheus: the audio codes
 # of the next frame position) brings one; it runs before the sampler, after min_tokens.
+# It may also offer `candidates(calls, output_ids, device) -> (ids, allowed)`, both
+# [num_rows, C]: the only ids each row may sample (`allowed` False: not this time). Then the
+# sampler works on those C columns alone (same samples; rows asking for logprobs excepted).
 LogitsMask = Callable[[torch.Tensor, list[NodeCall], list[list[int]]], None]
 
 
@@ -323,9 +326,16 @@ class CausalLMExecutor(NodeExecutor):
             if call.stream.count + ahead < stop.min_items:   # no stop item before min_tokens (as HF/vLLM)
                 banned = [t for t in stop.stopping_ids() if t < logits.shape[1]]
                 logits[row, to_device(banned, torch.long, logits.device)] = float("-inf")
-        if self.logits_mask is not None:   # the model's rule for what may be sampled at all
-            self.logits_mask(logits, calls, [s.output_ids for s in sequences])
         params = [call.stream.params.sampling for call in calls]
+        candidates, vocab = None, logits.shape[1]
+        if self.logits_mask is not None:   # the model's rule for what may be sampled at all
+            outputs = [s.output_ids for s in sequences]
+            if hasattr(self.logits_mask, "candidates") and all(p.logprobs is None for p in params):
+                # sample over the allowed columns only: the same ids, a fraction of the work
+                candidates, allowed = self.logits_mask.candidates(calls, outputs, logits.device)
+                logits = logits.gather(1, candidates).masked_fill_(~allowed, float("-inf"))
+            else:
+                self.logits_mask(logits, calls, outputs)
         # token histories only matter to penalties (rows without them pass empty ones)
         empty = np.empty(0, dtype=np.int64)
         return self.sampler(
@@ -334,6 +344,7 @@ class CausalLMExecutor(NodeExecutor):
             sample_indices=[len(s.output_ids) for s in sequences],
             prompt_token_ids=[s.history.prompt if s.history is not None else empty for s in sequences],
             output_token_ids=[s.history.outputs if s.history is not None else empty for s in sequences],
+            candidate_ids=candidates, vocab_size=vocab,
         )
 
 

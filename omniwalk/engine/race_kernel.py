@@ -24,13 +24,17 @@ if triton is not None:
 BLOCK = 1024
 
 
-def race_argmax(scaled: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
-    """scaled: [rows, vocab] float; low, high: [rows] int64 halves of each row's 64-bit key.
-    Returns [rows] int64 winners."""
-    rows, vocab = scaled.shape
+def race_argmax(scaled: torch.Tensor, low: torch.Tensor, high: torch.Tensor,
+                token_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """scaled: [rows, columns] float; low, high: [rows] int64 halves of each row's 64-bit key;
+    token_ids: [rows, columns] the id each column stands for (default: its index), which is
+    what is hashed. Returns [rows] int64 winning columns."""
+    rows, columns = scaled.shape
     out = torch.empty(rows, dtype=torch.int64, device=scaled.device)
     if rows:
-        _race_kernel[(rows,)](scaled, low, high, out, vocab, scaled.stride(0), BLOCK=BLOCK)
+        ids = token_ids if token_ids is not None else scaled   # unread without HAS_IDS
+        _race_kernel[(rows,)](scaled, low, high, ids, out, columns, scaled.stride(0), ids.stride(0),
+                              HAS_IDS=token_ids is not None, BLOCK=BLOCK)
     return out
 
 
@@ -46,7 +50,8 @@ if triton is not None:
         return h
 
     @triton.jit
-    def _race_kernel(scaled_ptr, low_ptr, high_ptr, out_ptr, vocab, stride_row, BLOCK: tl.constexpr):
+    def _race_kernel(scaled_ptr, low_ptr, high_ptr, ids_ptr, out_ptr, vocab, stride_row, stride_ids_row,
+                     HAS_IDS: tl.constexpr, BLOCK: tl.constexpr):
         row = tl.program_id(0)
         low = tl.load(low_ptr + row).to(tl.uint32)
         high = tl.load(high_ptr + row).to(tl.uint32)
@@ -57,7 +62,11 @@ if triton is not None:
             cols = start + tl.arange(0, BLOCK)
             mask = cols < vocab
             x = tl.load(scaled_ptr + row * stride_row + cols, mask=mask, other=-float("inf")).to(tl.float64)
-            h = _fmix32(cols.to(tl.uint32) ^ low)
+            if HAS_IDS:
+                tokens = tl.load(ids_ptr + row * stride_ids_row + cols, mask=mask, other=0)
+            else:
+                tokens = cols
+            h = _fmix32(tokens.to(tl.uint32) ^ low)
             h = _fmix32(h + high)                       # wraps mod 2**32, as the torch version masks
             u = (h.to(tl.float64) + 0.5) * (1.0 / 4294967296.0)
             score = tl.where(mask, x - tl.log(-tl.log(u)), -float("inf"))

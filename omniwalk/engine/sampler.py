@@ -196,7 +196,14 @@ class Sampler:
         sample_indices: list[int],
         prompt_token_ids: list[list[int]],
         output_token_ids: list[list[int]],
+        candidate_ids: torch.Tensor | None = None,
+        vocab_size: int | None = None,
     ) -> SamplerOutput:
+        """`candidate_ids` [B, C] (with the full `vocab_size`): `logits` [B, C] are only the
+        columns of those ids, the only ones a row may sample (a model's logits mask that
+        names them, e.g. Orpheus' next audio codes). The samples are the full-vocabulary
+        ones with every other id at -inf: penalties count ids, the race hashes ids, and the
+        returned token ids are vocabulary ids. No logprobs in this mode."""
         batch = self._check(logits, params, prompt_token_ids, output_token_ids)
         if len(seeds) != batch or len(sample_indices) != batch:
             raise ValueError(
@@ -205,15 +212,17 @@ class Sampler:
             )
 
         want_logprobs = any(p.logprobs is not None for p in params)
+        if candidate_ids is not None and want_logprobs:
+            raise ValueError("logprobs need the full vocabulary: no candidate_ids with them")
         all_greedy = all(p.is_greedy for p in params)
         if all_greedy and not want_logprobs and not any(p.has_penalties for p in params):
-            return SamplerOutput(logits.argmax(dim=-1), None, None, None)
+            return SamplerOutput(self._vocabulary_ids(logits.argmax(dim=-1), candidate_ids), None, None, None)
 
-        processed = self.process_logits(logits, params, prompt_token_ids, output_token_ids)
+        processed = self.process_logits(logits, params, prompt_token_ids, output_token_ids, candidate_ids, vocab_size)
         sampled_rows = [i for i, p in enumerate(params) if not p.is_greedy]
 
         if len(sampled_rows) == batch:
-            token_ids = self._race(processed, seeds, sample_indices)
+            token_ids = self._race(processed, seeds, sample_indices, candidate_ids)
         else:
             token_ids = processed.argmax(dim=-1)
             if sampled_rows:
@@ -222,11 +231,12 @@ class Sampler:
                     processed.index_select(0, idx),
                     [seeds[i] for i in sampled_rows],
                     [sample_indices[i] for i in sampled_rows],
+                    candidate_ids.index_select(0, idx) if candidate_ids is not None else None,
                 )
                 token_ids = token_ids.index_copy(0, idx, chosen)
 
         if not want_logprobs:
-            return SamplerOutput(token_ids, None, None, None)
+            return SamplerOutput(self._vocabulary_ids(token_ids, candidate_ids), None, None, None)
 
         raw_logprobs = torch.log_softmax(logits.to(torch.float32), dim=-1)
         chosen_lp = raw_logprobs.gather(1, token_ids.unsqueeze(1)).squeeze(1)
@@ -236,6 +246,12 @@ class Sampler:
             top_lp, top_ids = torch.topk(raw_logprobs, k, dim=-1, largest=True, sorted=True)
         return SamplerOutput(token_ids, chosen_lp, top_ids, top_lp)
 
+    @staticmethod
+    def _vocabulary_ids(columns: torch.Tensor, candidate_ids: torch.Tensor | None) -> torch.Tensor:
+        if candidate_ids is None:
+            return columns
+        return candidate_ids.gather(1, columns.unsqueeze(1)).squeeze(1)
+
     # ------------------------------------------------------------------ logits pipeline
 
     def process_logits(
@@ -244,6 +260,8 @@ class Sampler:
         params: list[SamplingParams],
         prompt_token_ids: list[list[int]],
         output_token_ids: list[list[int]],
+        candidate_ids: torch.Tensor | None = None,
+        vocab_size: int | None = None,
     ) -> torch.Tensor:
         """[B, V] float32 logits each row samples from (a new tensor; input untouched).
 
@@ -253,7 +271,7 @@ class Sampler:
         self._check(logits, params, prompt_token_ids, output_token_ids)
         x = logits.to(torch.float32)
         if any(p.has_penalties for p in params):
-            x = self._apply_penalties(x, params, prompt_token_ids, output_token_ids)
+            x = self._apply_penalties(x, params, prompt_token_ids, output_token_ids, candidate_ids, vocab_size)
         if all(p.is_greedy for p in params):
             return x.clone() if x.data_ptr() == logits.data_ptr() else x
 
@@ -304,9 +322,15 @@ class Sampler:
         params: list[SamplingParams],
         prompt_token_ids: list[list[int]],
         output_token_ids: list[list[int]],
+        candidate_ids: torch.Tensor | None = None,
+        vocab_size: int | None = None,
     ) -> torch.Tensor:
-        batch, vocab = x.shape
+        batch, vocab = x.shape[0], vocab_size or x.shape[1]
         device = x.device
+
+        def columns(table: torch.Tensor) -> torch.Tensor:
+            # [batch, vocab] per-id values -> the columns of x (the candidates' ids, if any)
+            return table if candidate_ids is None else table.gather(1, candidate_ids)
 
         def flat_index(rows: list[int], lists):
             # histories may be lists or 1-D numpy arrays (no per-token Python work for those)
@@ -324,6 +348,7 @@ class Sampler:
             r, t = flat_index(rep_rows, [prompt_token_ids, output_token_ids])
             seen = torch.zeros((batch, vocab), dtype=torch.bool, device=device)
             seen[r, t] = True
+            seen = columns(seen)
             penalty = to_device(
                 [p.repetition_penalty for p in params], dtype=torch.float32, device=device
             ).unsqueeze(1)
@@ -338,6 +363,7 @@ class Sampler:
             r, t = flat_index(out_rows, [output_token_ids])
             counts = torch.zeros((batch, vocab), dtype=torch.float32, device=device)
             counts.index_put_((r, t), torch.ones_like(t, dtype=torch.float32), accumulate=True)
+            counts = columns(counts)
             freq = to_device(
                 [p.frequency_penalty for p in params], dtype=torch.float32, device=device
             ).unsqueeze(1)
@@ -390,8 +416,10 @@ class Sampler:
     # ------------------------------------------------------------------ the race
 
     @staticmethod
-    def _race(scaled: torch.Tensor, seeds: list[int], sample_indices: list[int]) -> torch.Tensor:
-        """argmax(softmax(scaled) / E) with E ~ Exp(1) from the counter-based hash.
+    def _race(scaled: torch.Tensor, seeds: list[int], sample_indices: list[int],
+              token_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """argmax(softmax(scaled) / E) with E ~ Exp(1) from the counter-based hash; the
+        winning column. Column t is token t, or `token_ids[row, t]` (what is hashed).
 
         Only finite entries can win, and each entry's noise depends on (key, token id)
         alone, so when filtering (top-p, top-k, a logits mask) left few candidates the
@@ -399,15 +427,19 @@ class Sampler:
         [rows, vocab] matrix (40 million entries at 256 rows of a 157k vocabulary)."""
         keys = [row_key(int(s), int(i)) for s, i in zip(seeds, sample_indices)]
         if use_triton(scaled):   # one kernel, no host sync (omniwalk.engine.race_kernel)
-            return race_argmax(scaled, *_key_halves(keys, scaled.device))
+            return race_argmax(scaled, *_key_halves(keys, scaled.device), token_ids)
         rows_count, vocab = scaled.shape
         finite = torch.isfinite(scaled)
         if int(finite.sum()) * 4 > rows_count * vocab:   # dense: most entries are candidates
-            u = hash_uniform(keys, vocab, scaled.device)
+            if token_ids is None:
+                u = hash_uniform(keys, vocab, scaled.device)
+            else:
+                low, high = _key_halves(keys, scaled.device)
+                u = _uniform(token_ids, low.unsqueeze(1), high.unsqueeze(1))
             return (scaled.to(torch.float64) - torch.log(-torch.log(u))).argmax(dim=-1)
         rows, cols = finite.nonzero(as_tuple=True)
         low, high = _key_halves(keys, scaled.device)
-        u = _uniform(cols, low[rows], high[rows])
+        u = _uniform(cols if token_ids is None else token_ids[rows, cols], low[rows], high[rows])
         score = scaled[rows, cols].to(torch.float64) - torch.log(-torch.log(u))
         best = torch.full((rows_count,), -math.inf, dtype=torch.float64, device=scaled.device)
         best = best.scatter_reduce(0, rows, score, "amax")

@@ -541,3 +541,38 @@ def test_race_kernel_picks_the_torch_race_winner(monkeypatch, candidates):
     assert got.tolist() == expected.tolist()
     if candidates == "none":
         assert got[2:].tolist() == [0] * 4
+
+
+@pytest.mark.parametrize("kernel", [False, True])
+def test_sampling_over_candidate_ids_picks_the_full_vocabulary_sample(monkeypatch, kernel):
+    """A row restricted to some ids (the rest -inf) samples the same id whether the sampler
+    sees the whole vocabulary or only those ids' columns (`candidate_ids`): penalties count
+    ids, the race hashes ids; greedy, filters and penalties mixed in one batch."""
+    gen = torch.Generator().manual_seed(21)
+    vocab, rows, width = 3000, 6, 300
+    logits = torch.randn(rows, vocab, generator=gen) * 3
+    starts = [0, 500, 1000, 1500, 2000, 2500]
+    candidates = torch.stack([torch.cat([torch.tensor([7]), torch.arange(s + 10, s + 10 + width - 1)])
+                              for s in starts])                       # an EOS-like id first, then a range
+    allowed = torch.ones(rows, width, dtype=torch.bool)
+    allowed[::2, 0] = False                                           # some rows may not stop
+    full = torch.full_like(logits, float("-inf"))
+    full.scatter_(1, candidates, logits.gather(1, candidates).masked_fill(~allowed, float("-inf")))
+    params = [SamplingParams(temperature=0.0, repetition_penalty=1.3),
+              SamplingParams(temperature=0.8, top_p=0.9, repetition_penalty=1.1),
+              SamplingParams(temperature=1.1, top_k=20, presence_penalty=0.5, frequency_penalty=0.3),
+              SamplingParams(temperature=0.6, min_p=0.1),
+              SamplingParams(temperature=0.0),
+              SamplingParams(temperature=1.0)]
+    history = [list(candidates[r, 1:40:3].tolist()) + [7, 2999] for r in range(rows)]
+    if kernel:
+        pytest.importorskip("triton")
+        from omniwalk.engine import sampler as sampler_module
+        monkeypatch.setattr(sampler_module, "use_triton", lambda x: True)
+    for trial in range(5):
+        seeds, indices = [trial * 10 + r for r in range(rows)], [trial] * rows
+        expected = Sampler()(full.clone(), params, seeds, indices, [[5, 8]] * rows, history).token_ids
+        compact = full.gather(1, candidates)
+        got = Sampler()(compact, params, seeds, indices, [[5, 8]] * rows, history,
+                        candidate_ids=candidates, vocab_size=vocab).token_ids
+        assert got.tolist() == expected.tolist()

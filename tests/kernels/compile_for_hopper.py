@@ -19,9 +19,11 @@ NORM_ROTARY = {"x_ptr": "*bf16", "weight_ptr": "*bf16", "cos_ptr": "*fp32", "sin
                "HAS_NORM": "constexpr", "ZERO_CENTERED": "constexpr", "HEAD_DIM": "constexpr", "BLOCK_D": "constexpr",
                "HALF": "constexpr", "BLOCK_HALF": "constexpr"}
 KERNELS = [
-    ("race", race_kernel._race_kernel,
-     {"scaled_ptr": "*fp32", "low_ptr": "*i64", "high_ptr": "*i64", "out_ptr": "*i64", "vocab": "i32",
-      "stride_row": "i32", "BLOCK": "constexpr"}, {"BLOCK": 1024}),
+    (f"race{' over candidate ids' * ids}", race_kernel._race_kernel,
+     {"scaled_ptr": "*fp32", "low_ptr": "*i64", "high_ptr": "*i64", "ids_ptr": "*i64", "out_ptr": "*i64",
+      "vocab": "i32", "stride_row": "i32", "stride_ids_row": "i32", "HAS_IDS": "constexpr", "BLOCK": "constexpr"},
+     {"HAS_IDS": ids, "BLOCK": 1024}) for ids in (False, True)
+] + [
     ("conv decode step", causal_conv._conv_decode_kernel,
      {"x_ptr": "*bf16", "weight_ptr": "*bf16", "state_ptr": "*bf16", "out_ptr": "*bf16", "new_state_ptr": "*bf16",
       "stride_x": "i32", "stride_weight": "i32", "stride_state_row": "i32", "stride_state_channel": "i32",

@@ -349,3 +349,22 @@ def test_loads_a_local_checkpoint_and_snac_folder(tmp_path):
         assert len(result.token_ids) == 37 and result.usage.frames == 5
         assert_audio_codes(engine, result.token_ids)
         assert len(result.pcm) // 2 == samples_received(5, samples_per_frame(snac_config))
+
+
+def test_sampling_over_the_next_codebook_equals_full_vocabulary_sampling():
+    """The audio-code mask names its candidates (end_of_speech + the next frame position's
+    4096 codes at Orpheus' shape), so the sampler works on those columns only; the codes
+    equal sampling over the masked full vocabulary (Orpheus' default sampling: temperature,
+    top_p and a repetition penalty)."""
+    outputs = {}
+    for compact in (True, False):
+        with Engine(EngineArgs("tiny-orpheus", device="cpu", kv_cache_tokens=8192, max_num_seqs=4)) as e:
+            mask = e.model.executors["backbone"].logits_mask
+            if not compact:   # the same rule as a plain callable: the sampler sees every id
+                e.model.executors["backbone"].logits_mask = lambda logits, calls, ids: mask(logits, calls, ids)
+            defaults = dict(temperature=0.6, top_p=0.95, repetition_penalty=1.1)   # Orpheus' own
+            requests = [speech(35, seed=s, **defaults) for s in (1, 2, 3)] + [
+                speech(35, seed=4, ignore_eos=False, **defaults)]
+            outputs[compact] = [synthesize(e, r).token_ids for r in requests]
+    assert outputs[True] == outputs[False]
+    assert all(len(ids) > 0 for ids in outputs[True])

@@ -158,6 +158,19 @@ class AudioCodeMask:
     def __init__(self, tokens: OrpheusTokens):
         self.tokens = tokens
 
+    def candidates(self, calls: list[NodeCall], output_ids: list[list[int]],
+                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per row: end_of_speech, then the codebook of the next frame position (ascending
+        ids), and which of them may be sampled now ([rows, 1 + codebook_size] each)."""
+        size = self.tokens.codebook_size
+        position = to_device([len(ids) % CODES_PER_FRAME for ids in output_ids], device=device)
+        codes = self.tokens.audio_start + position.unsqueeze(1) * size + torch.arange(size, device=device)
+        eos = torch.full((len(calls), 1), self.tokens.end_of_speech, dtype=codes.dtype, device=device)
+        may_stop = to_device([not call.stream.params.stop.ignore_eos for call in calls], device=device)
+        allowed = torch.ones((len(calls), 1 + size), dtype=torch.bool, device=device)
+        allowed[:, 0] = may_stop
+        return torch.cat([eos, codes], dim=1), allowed
+
     def __call__(self, logits: torch.Tensor, calls: list[NodeCall], output_ids: list[list[int]]) -> None:
         device, size = logits.device, self.tokens.codebook_size
         position = to_device([len(ids) % CODES_PER_FRAME for ids in output_ids], device=device)
