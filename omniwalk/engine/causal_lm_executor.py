@@ -176,9 +176,35 @@ class CausalLMExecutor(NodeExecutor):
         decode = self._graph_rows(calls, done)
         in_graph = set(decode)
         eager = [i for i in range(len(calls)) if i not in in_graph]
+        next_rows, sampled, device_tokens = self._forward_and_sample(calls, sequences, done, decode, eager)
+
+        # Commit only after everything succeeded: a failed batch is retried call by call.
+        self._commit_states(bool(decode), bool(eager))
+        for call, sequence in zip(calls, sequences):
+            sequence.num_computed += call.num_tokens
+            self.cache.register_full_pages(call.stream.handle, sequence.token_ids, sequence.num_computed)
+        results: list[dict | None] = [None] * len(calls)
+        for index, (token, logprobs) in zip(next_rows, sampled):
+            sequence = sequences[index]
+            sequence.output_ids.append(token)
+            if sequence.history is not None:
+                sequence.history.append(token)
+            results[index] = {"token": token, "logprobs": logprobs}
+
+        rows, row_sequences = [calls[i] for i in next_rows], [sequences[i] for i in next_rows]
+        if self.decode_graphs is not None and rows and self._can_look_ahead(rows, row_sequences):
+            try:
+                self.lookahead = self._launch_lookahead(rows, row_sequences, [t for t, _ in sampled], device_tokens)
+            except Exception:   # the step itself is committed: lose only the guess
+                logger.exception("look-ahead step failed; continuing without it")
+        return results
+
+    def _forward_and_sample(self, calls, sequences, done: list[int], decode: list[int], eager: list[int]):
+        """The step's samples: (rows that sampled, in the order of the samples: the decode
+        rows then the eager ones; (token, logprobs) per row; the ids on the device)."""
+        in_graph = set(decode)
         eager_done = [i for i in done if i not in in_graph]
         eager_samples = set(eager_done)
-
         lookahead, self.lookahead = self.lookahead, None
         guessed = (lookahead.take([calls[i] for i in decode], [sequences[i] for i in decode], self.lookahead_subsets)
                    if lookahead is not None and decode else None)
@@ -200,27 +226,7 @@ class CausalLMExecutor(NodeExecutor):
         if guessed is not None:
             sampled = [(token, None) for token in guessed[0]] + sampled
             device_tokens = guessed[1] if device_tokens is None else torch.cat([guessed[1], device_tokens])
-        next_rows = decode + eager_done          # the order of `sampled` and `device_tokens`
-
-        # Commit only after everything succeeded: a failed batch is retried call by call.
-        self._commit_states(bool(decode), bool(eager))
-        for call, sequence in zip(calls, sequences):
-            sequence.num_computed += call.num_tokens
-            self.cache.register_full_pages(call.stream.handle, sequence.token_ids, sequence.num_computed)
-        results: list[dict | None] = [None] * len(calls)
-        for index, (token, logprobs) in zip(next_rows, sampled):
-            sequence = sequences[index]
-            sequence.output_ids.append(token)
-            if sequence.history is not None:
-                sequence.history.append(token)
-            results[index] = {"token": token, "logprobs": logprobs}
-        rows, row_sequences = [calls[i] for i in next_rows], [sequences[i] for i in next_rows]
-        if self.decode_graphs is not None and rows and self._can_look_ahead(rows, row_sequences):
-            try:
-                self.lookahead = self._launch_lookahead(rows, row_sequences, [t for t, _ in sampled], device_tokens)
-            except Exception:   # the step itself is committed: lose only the guess
-                logger.exception("look-ahead step failed; continuing without it")
-        return results
+        return decode + eager_done, sampled, device_tokens
 
     def _graph_rows(self, calls: list[NodeCall], done: list[int]) -> list[int]:
         """The calls a decode graph computes: the one-token calls that sample, if they fit."""
