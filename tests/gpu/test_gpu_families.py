@@ -103,6 +103,8 @@ def test_orpheus_codes_equal_and_audio_close_cuda_vs_cpu():
     from omniwalk.models.orpheus.speech import SpeechRequest, synthesize
 
     def speak(engine):
+        if engine.loaded.device.type == "cuda":
+            assert engine.model.executors["snac_decoder"].graphs is not None
         return [synthesize(engine, SpeechRequest("Hello there, how are you?", voice="tara", max_output_tokens=n,
                                                  ignore_eos=True, seed=7)) for n in (7, 29, 70)]
 
@@ -116,7 +118,8 @@ def test_orpheus_codes_equal_and_audio_close_cuda_vs_cpu():
     for a, b in zip(cpu, cuda):
         assert a.token_ids == b.token_ids and a.usage == b.usage
         pcm_a, pcm_b = np.frombuffer(a.pcm, "<i2").astype(int), np.frombuffer(b.pcm, "<i2").astype(int)
-        assert len(pcm_a) == len(pcm_b) and np.abs(pcm_a - pcm_b).max() <= 2   # fp32 convs: a few LSB
+        # fp32 convolutions on two devices, and SNAC graphs padding the batch on CUDA: a few LSB
+        assert len(pcm_a) == len(pcm_b) and np.abs(pcm_a - pcm_b).max() <= 3
 
 
 def test_whisper_greedy_ids_cuda_equal_cpu():

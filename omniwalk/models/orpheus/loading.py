@@ -13,22 +13,27 @@
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
-
 
 from omniwalk.engine.kv_cache import PagedKVCache
 from omniwalk.layers.transformer import CausalLM
 from omniwalk.loading import (
     EngineArgs, LoadedModel, build_module, capture_decode_graphs, context_length, kv_cache_shape,
-    read_model_source, resolve_device, resolve_dtype,
+    read_model_source, resolve_device, resolve_dtype, uses_decode_graphs,
 )
 from omniwalk.models.orpheus.config import ORPHEUS_3B, TINY_SNAC, TINY_TOKENS
-from omniwalk.models.orpheus.model import OrpheusModel
+from omniwalk.models.orpheus.model import WINDOW_FRAMES, OrpheusModel
 from omniwalk.models.orpheus.snac import (
     SNAC_24KHZ, SnacDecoder, init_random_snac, load_snac_state, read_snac_config, read_snac_state,
 )
+from omniwalk.models.orpheus.snac_graphs import SnacGraphs
 
 logger = logging.getLogger(__name__)
+
+# Full windows per SNAC graph replay: a step with more decodes them in parts. Bounds the
+# graphs' activation memory (~1 GB at snac_24khz), taken before the KV cache is sized.
+MAX_GRAPH_WINDOWS = 64
 
 
 def codec_folder(args: EngineArgs, folder: Path) -> Path:
@@ -57,11 +62,19 @@ def load_orpheus(args: EngineArgs, family, folder: Path | None) -> LoadedModel:
         raise ValueError(f"SNAC codebook of {snac.config.codebook_size} entries; the checkpoint's "
                          f"audio ids need {tokens.codebook_size}")
 
+    snac_graphs = None
+    if uses_decode_graphs(args, device):   # before the KV cache, which takes what memory is left
+        snac_graphs = SnacGraphs(snac, WINDOW_FRAMES, max_windows=min(args.max_num_seqs, MAX_GRAPH_WINDOWS))
+        started = time.perf_counter()
+        snac_graphs.capture()
+        logger.info("captured SNAC CUDA graphs for %s windows in %.1f s", snac_graphs.buckets,
+                    time.perf_counter() - started)
     max_model_len = context_length(args, config)
     shape = kv_cache_shape(args, config, device, dtype)
     cache = PagedKVCache(shape, dtype, device)
     graphs = capture_decode_graphs(args, lm, cache, max_model_len)
-    served = OrpheusModel(lm, cache, snac, tokens, max_batch_size=args.max_num_seqs, decode_graphs=graphs)
+    served = OrpheusModel(lm, cache, snac, tokens, max_batch_size=args.max_num_seqs, decode_graphs=graphs,
+                          snac_graphs=snac_graphs)
     logger.info("loaded %s (orpheus, %s on %s%s; SNAC %s); KV cache: %d tokens",
                 args.model, dtype, device, ", random weights" if random_weights else "",
                 snac_folder or "built-in", shape.capacity_tokens)

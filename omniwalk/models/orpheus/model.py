@@ -58,6 +58,7 @@ from omniwalk.graph import (
 )
 from omniwalk.models.orpheus.config import CODES_PER_FRAME, OrpheusTokens, samples_per_frame
 from omniwalk.models.orpheus.snac import SeededNoise, SnacDecoder
+from omniwalk.models.orpheus.snac_graphs import SnacGraphs
 from omniwalk.runtime.executor import NodeCall, NodeExecutor
 
 CODES_STREAM = "codes"
@@ -195,8 +196,9 @@ class SnacDecoderExecutor(NodeExecutor):
     share one); the emitted frames are cut out after decoding, converted as the
     reference does (x * 32767, truncated toward zero)."""
 
-    def __init__(self, decoder: SnacDecoder, max_batch_size: int = 256):
+    def __init__(self, decoder: SnacDecoder, max_batch_size: int = 256, graphs: SnacGraphs | None = None):
         self.decoder = decoder
+        self.graphs = graphs      # full windows through CUDA graphs (see snac_graphs.py)
         self.frame_samples = samples_per_frame(decoder.config)
         self.max_batch_size = max_batch_size
         self.device = next(decoder.parameters()).device
@@ -219,8 +221,11 @@ class SnacDecoderExecutor(NodeExecutor):
         for rows in by_length.values():
             windows = [calls[i].inputs["window"] for i in rows]
             keys = [noise_key(calls[i].stream.params.seed, w.first_frame) for i, w in zip(rows, windows)]
-            noise = SeededNoise(keys) if self.decoder.config.noise else None
-            audio = self.decoder(self._levels(windows), noise)[:, 0]             # [rows, frames * S]
+            if self.graphs is not None and windows[0].num_frames == self.graphs.frames:
+                audio = self.graphs.run(np.array([w.codes for w in windows]), keys)   # [rows, frames * S]
+            else:
+                noise = SeededNoise(keys) if self.decoder.config.noise else None
+                audio = self.decoder(self._levels(windows), noise)[:, 0]             # [rows, frames * S]
             pcm = (audio * 32767).to(torch.int16).cpu().numpy()                  # one copy per group
             for row, index in enumerate(rows):
                 first, end = calls[index].inputs["emit"]
@@ -239,7 +244,8 @@ class OrpheusModel:
     """Orpheus served through the runtime (implements `ServedModel`)."""
 
     def __init__(self, lm: torch.nn.Module, cache: PagedKVCache, snac: SnacDecoder, tokens: OrpheusTokens,
-                 *, max_batch_size: int = 256, decode_graphs: DecodeGraphs | None = None):
+                 *, max_batch_size: int = 256, decode_graphs: DecodeGraphs | None = None,
+                 snac_graphs: SnacGraphs | None = None):
         self.lm = lm
         self.cache = cache
         self.snac = snac
@@ -249,7 +255,7 @@ class OrpheusModel:
         self.graph = orpheus_graph()
         self.executors = {
             BACKBONE.name: CausalLMExecutor(lm, cache, max_batch_size, decode_graphs, AudioCodeMask(tokens)),
-            SNAC_DECODER.name: SnacDecoderExecutor(snac, max_batch_size),
+            SNAC_DECODER.name: SnacDecoderExecutor(snac, max_batch_size, snac_graphs),
         }
 
     def plan(self, view: StreamView) -> WalkCall | None:

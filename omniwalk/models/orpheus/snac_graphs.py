@@ -1,0 +1,124 @@
+"""SNAC decodes of full windows as CUDA graphs, one per window-count bucket.
+
+Every step of a busy Orpheus server decodes a batch of full 4-frame windows; eagerly that
+is ~530 kernel launches (Snake, transposed and dilated convolutions, noise), several
+milliseconds of host time on the step's critical path. All full windows have the same
+shapes, so a graph per batch bucket replays the whole decoder in one launch:
+
+    static inputs    codes of the 3 levels   [B, frames], [B, 2 * frames], [B, 4 * frames]
+                     noise keys per block    [blocks, B] as the (low, high) 32-bit halves
+    static output    audio                   [B, frames * hop_length]
+    rows n .. B-1    codes 0, keys 0         (results dropped)
+
+The noise is `SeededNoise`'s: the same hash of (row key, block, time step), computed in
+the graph from the key buffers, so a window's samples do not depend on the path.
+On a CPU nothing is captured and `run` computes the same forward eagerly from the same
+buffers (how CI checks the path).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from omniwalk.engine.cuda_graphs import batch_buckets
+from omniwalk.engine.sampler import _uniform, row_key
+from omniwalk.models.orpheus.snac import SnacDecoder
+
+LEVEL_CODES = (1, 2, 4)   # codes per frame on SNAC's three levels (7 in all)
+FRAME_LAYOUT = ((0,), (1, 4), (2, 3, 5, 6))   # each level's codes among a frame's 7
+
+
+class KeyedNoise:
+    """`SeededNoise` for rows whose per-block keys sit in device tensors (graph inputs)."""
+
+    def __init__(self, low: torch.Tensor, high: torch.Tensor):
+        self.low, self.high = low, high   # [blocks, rows] int64: halves of row_key(key, block)
+
+    def __call__(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        steps = x.shape[2]
+        tokens = torch.arange(2 * steps, dtype=torch.int64, device=x.device).unsqueeze(0)
+        u = _uniform(tokens, self.low[index].unsqueeze(1), self.high[index].unsqueeze(1))   # float64 (0, 1)
+        z = torch.sqrt(-2.0 * torch.log(u[:, :steps])) * torch.cos(2.0 * math.pi * u[:, steps:])
+        return z.to(x.dtype).unsqueeze(1)
+
+
+class SnacGraphs:
+    def __init__(self, decoder: SnacDecoder, frames: int, max_windows: int):
+        self.decoder = decoder
+        self.frames = frames
+        self.device = next(decoder.parameters()).device
+        self.on_cuda = self.device.type == "cuda"
+        self.buckets = batch_buckets(max_windows)
+        self.max_windows = self.buckets[-1]
+        self.num_blocks = len(decoder.config.decoder_rates) if decoder.config.noise else 0
+        on = dict(device=self.device)
+        self.codes = [torch.zeros(self.max_windows, frames * n, dtype=torch.long, **on) for n in LEVEL_CODES]
+        self.keys = torch.zeros(2, max(self.num_blocks, 1), self.max_windows, dtype=torch.long, **on)
+        pinned = dict(pin_memory=self.on_cuda)
+        self.host_codes = torch.zeros(self.max_windows, frames * sum(LEVEL_CODES), dtype=torch.long, **pinned)
+        self.host_keys = torch.zeros(2, max(self.num_blocks, 1), self.max_windows, dtype=torch.long, **pinned)
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+
+    def _forward(self, batch: int) -> torch.Tensor:
+        noise = KeyedNoise(self.keys[0, :, :batch], self.keys[1, :, :batch]) if self.num_blocks else None
+        return self.decoder([codes[:batch] for codes in self.codes], noise)[:, 0]   # [batch, samples]
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        if not self.on_cuda:
+            return
+        pool = None
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for batch in reversed(self.buckets):   # largest first: smaller ones reuse its memory
+                self._forward(batch)               # warm up (cuDNN algorithm choice, allocator)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool, stream=stream):
+                    audio = self._forward(batch)
+                pool = graph.pool()
+                self.graphs[batch] = (graph, audio)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        torch.cuda.synchronize(self.device)
+
+    def run(self, codes: np.ndarray, keys: list[int]) -> torch.Tensor:
+        """Audio [n, frames * hop_length] of n full windows: `codes` [n, frames * 7] int
+        (frame-major, as the LM emits them), `keys` the windows' noise keys."""
+        if len(keys) <= self.max_windows:
+            return self._run_part(codes, keys)
+        outputs = []
+        for start in range(0, len(keys), self.max_windows):
+            if outputs and self.on_cuda:   # the staging buffers are about to be refilled
+                torch.cuda.current_stream(self.device).synchronize()
+            part = slice(start, start + self.max_windows)
+            outputs.append(self._run_part(codes[part], keys[part]).clone())   # the next replay reuses the output
+        return torch.cat(outputs)
+
+    def _run_part(self, codes: np.ndarray, keys: list[int]) -> torch.Tensor:
+        n = len(keys)
+        batch = next(b for b in self.buckets if b >= n)
+        frames = np.asarray(codes, dtype=np.int64).reshape(n, self.frames, sum(LEVEL_CODES))
+        host = self.host_codes.numpy()
+        host[:batch] = 0
+        start = 0
+        for level, positions in enumerate(FRAME_LAYOUT):   # level-major: [frame 0's codes, frame 1's, ...]
+            width = self.frames * len(positions)
+            host[:n, start : start + width] = frames[:, :, positions].reshape(n, width)
+            self.codes[level][:batch].copy_(self.host_codes[:batch, start : start + width], non_blocking=True)
+            start += width
+        if self.num_blocks:
+            halves = self.host_keys.numpy()
+            halves[:, :, :batch] = 0
+            for block in range(self.num_blocks):
+                block_keys = [row_key(key, block) for key in keys]
+                halves[0, block, :n] = [k & 0xFFFFFFFF for k in block_keys]
+                halves[1, block, :n] = [k >> 32 for k in block_keys]
+            self.keys[:, :, :batch].copy_(self.host_keys[:, :, :batch], non_blocking=True)
+        if not self.on_cuda:
+            return self._forward(batch)[:n]
+        graph, audio = self.graphs[batch]
+        graph.replay()
+        return audio[:n]
