@@ -202,7 +202,9 @@ class CodebookLevel(nn.Module):
     def forward(self, codes: torch.Tensor) -> torch.Tensor:
         # codes: [B, T / stride] -> [B, latent, T]
         z = self.out_proj(self.codebook(codes).transpose(1, 2))
-        return z.repeat_interleave(self.stride, dim=-1)
+        # repeat_interleave(stride) as expand + reshape: no output-size sync (CUDA graphs)
+        batch, channels, steps = z.shape
+        return z.unsqueeze(-1).expand(batch, channels, steps, self.stride).reshape(batch, channels, steps * self.stride)
 
 
 class CodeEmbedding(nn.Module):
