@@ -1,0 +1,67 @@
+"""Every family's loader with decode graphs on (as on CUDA), run on the CPU.
+
+`DecodeGraphs` and `SnacGraphs` capture nothing on a CPU and replay eagerly from their
+static buffers, so forcing the CUDA-only wiring on here checks, in CI, what otherwise
+runs only on a GPU: the extra scratch slots of the state pool and the cross-attention
+cache, the graphs handed to the executors, and outputs equal to the plain path's.
+"""
+
+import numpy as np
+import pytest
+
+from omniwalk import Engine, EngineArgs, GenerationRequest, SamplingParams
+from omniwalk.bench.asr import synthetic_clip
+from omniwalk.models.orpheus.speech import SpeechRequest, synthesize
+from omniwalk.models.whisper.transcribe import TranscriptionRequest, transcribe
+
+LOADERS = ["omniwalk.loading", "omniwalk.models.qwen3_5.loading", "omniwalk.models.whisper.loading",
+           "omniwalk.models.orpheus.loading"]
+
+
+def run(model: str, graphs: bool, monkeypatch, work):
+    if graphs:
+        for module in LOADERS:
+            monkeypatch.setattr(f"{module}.uses_decode_graphs", lambda args, device: not args.enforce_eager)
+    with Engine(EngineArgs(model, device="cpu", dtype="float32", kv_cache_tokens=16384, max_num_seqs=4)) as engine:
+        return work(engine)
+
+
+def text(engine):
+    requests = [GenerationRequest(prompt=p, max_tokens=12, ignore_eos=True, sampling=SamplingParams(temperature=0.0))
+                for p in ("Once upon a time", "1 2 3", "The quick brown fox")]
+    return [r.token_ids for r in engine.generate(requests)]
+
+
+@pytest.mark.parametrize("model", ["tiny-qwen3", "tiny-qwen3_5"])
+def test_text_families(model, monkeypatch):
+    plain = run(model, False, monkeypatch, text)
+    graphed = run(model, True, monkeypatch,
+                  lambda e: (e.model.executors["backbone"].decode_graphs is not None, text(e)))
+    assert graphed == (True, plain)
+
+
+def test_whisper(monkeypatch):
+    clips = [synthetic_clip(seconds, [0, i]) for i, seconds in enumerate((3.0, 33.0))]
+
+    def listen(engine):
+        return [transcribe(engine, TranscriptionRequest(c, language="en", max_output_tokens=20)).token_ids
+                for c in clips]
+
+    plain = run("tiny-whisper", False, monkeypatch, listen)
+    graphed = run("tiny-whisper", True, monkeypatch,
+                  lambda e: (e.model.executors["decoder"].decode_graphs is not None, listen(e)))
+    assert graphed == (True, plain)
+
+
+def test_orpheus(monkeypatch):
+    def speak(engine):
+        results = [synthesize(engine, SpeechRequest("Hello there", max_output_tokens=n, ignore_eos=True, seed=3))
+                   for n in (35, 50)]
+        return [r.token_ids for r in results], [np.frombuffer(r.pcm, "<i2").astype(int) for r in results]
+
+    plain_ids, plain_pcm = run("tiny-orpheus", False, monkeypatch, speak)
+    wired, (ids, pcm) = run("tiny-orpheus", True, monkeypatch, lambda e: (
+        e.model.executors["snac_decoder"].graphs is not None and e.model.executors["backbone"].decode_graphs is not None,
+        speak(e)))
+    assert wired and ids == plain_ids
+    assert all(len(a) == len(b) and np.abs(a - b).max() <= 1 for a, b in zip(pcm, plain_pcm))
