@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from omniwalk.engine.attention import AttentionMetadata, PagedAttention
 from omniwalk.engine.kv_cache import PagedKVCache
@@ -47,6 +47,31 @@ class SlotResource(Protocol):
 
     def commit_view(self, view: Any) -> None:
         """Write what the view's step computed into the slots (if `writes_back`)."""
+
+
+def capture_per_bucket(device: torch.device, buckets: list[int], forward: Callable[[int], torch.Tensor],
+                       warmups: int = 1, then: Callable[[int, Any, Any], None] | None = None,
+                       ) -> dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]]:
+    """One CUDA graph of `forward(bucket)` per bucket, largest first, all sharing one memory
+    pool (a smaller graph reuses the larger ones' memory). `then(bucket, pool, stream)` may
+    capture more graphs into the pool after each. Returns bucket -> (graph, its output)."""
+    graphs, pool = {}, None
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for batch in reversed(buckets):
+            for _ in range(warmups):
+                forward(batch)                 # warm up (Triton autotune/compile, cuDNN, allocator)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool, stream=stream):
+                output = forward(batch)
+            pool = graph.pool()
+            graphs[batch] = (graph, output)
+            if then is not None:
+                then(batch, pool, stream)
+    torch.cuda.current_stream(device).wait_stream(stream)
+    torch.cuda.synchronize(device)
+    return graphs
 
 
 def batch_buckets(max_batch_size: int) -> list[int]:
@@ -107,25 +132,14 @@ class DecodeGraphs:
     def capture(self) -> None:
         if not self.on_cuda:
             return
-        pool = None
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for batch in reversed(self.buckets):   # largest first: smaller ones reuse its memory
-                for _ in range(2):
-                    self._forward(batch)           # warm up (Triton autotune/compile, allocator)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool, stream=stream):
-                    logits = self._forward(batch)
-                pool = graph.pool()
-                self.graphs[batch] = (graph, logits)
-                if self.slot_resource is not None and self.slot_resource.writes_back:
-                    commit = torch.cuda.CUDAGraph()   # one replay, not two launches per layer
-                    with torch.cuda.graph(commit, pool=pool, stream=stream):
-                        self.slot_resource.commit_view(self.views[batch])
-                    self.commit_graphs[batch] = commit
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        torch.cuda.synchronize(self.device)
+        then = self._capture_commit if self.slot_resource is not None and self.slot_resource.writes_back else None
+        self.graphs = capture_per_bucket(self.device, self.buckets, self._forward, warmups=2, then=then)
+
+    def _capture_commit(self, batch: int, pool, stream) -> None:
+        commit = torch.cuda.CUDAGraph()   # one replay, not two launches per layer
+        with torch.cuda.graph(commit, pool=pool, stream=stream):
+            self.slot_resource.commit_view(self.views[batch])
+        self.commit_graphs[batch] = commit
 
     def fits(self, batch: int, max_pages: int) -> bool:
         return batch <= self.max_batch_size and max_pages <= self.max_pages

@@ -23,7 +23,7 @@ import math
 import numpy as np
 import torch
 
-from omniwalk.engine.cuda_graphs import batch_buckets
+from omniwalk.engine.cuda_graphs import batch_buckets, capture_per_bucket
 from omniwalk.engine.sampler import _uniform, row_key
 from omniwalk.models.orpheus.snac import SnacDecoder
 
@@ -68,21 +68,8 @@ class SnacGraphs:
 
     @torch.inference_mode()
     def capture(self) -> None:
-        if not self.on_cuda:
-            return
-        pool = None
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for batch in reversed(self.buckets):   # largest first: smaller ones reuse its memory
-                self._forward(batch)               # warm up (cuDNN algorithm choice, allocator)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool, stream=stream):
-                    audio = self._forward(batch)
-                pool = graph.pool()
-                self.graphs[batch] = (graph, audio)
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        torch.cuda.synchronize(self.device)
+        if self.on_cuda:
+            self.graphs = capture_per_bucket(self.device, self.buckets, self._forward)
 
     def run(self, codes: np.ndarray, keys: list[int]) -> torch.Tensor:
         """Audio [n, frames * hop_length] of n full windows: `codes` [n, frames * 7] int
