@@ -8,17 +8,10 @@ from omniwalk.engine import causal_lm_executor as ex, cuda_graphs as cg, sampler
 from omniwalk.models.orpheus import model as om
 from omniwalk.models.orpheus.model import OrpheusPrompt, CODES_STREAM, AUDIO_STREAM
 from omniwalk.models.orpheus.speech import SpeechRequest
-acc = collections.Counter()
-def timed(cls, name):
-    fn = getattr(cls, name)
-    @functools.wraps(fn)
-    def wrapper(*a, **k):
-        t = time.perf_counter(); r = fn(*a, **k)
-        acc[f"{cls.__name__}.{name}"] += time.perf_counter() - t; return r
-    setattr(cls, name, wrapper)
+from phase_timers import acc, timed
 for n in ("_advance_dirty", "_form_batch", "_run_batch"): timed(rtmod.Runtime, n)
 for n in ("run", "_forward_eager", "_decode_with_graph", "_sample", "_launch_lookahead"): timed(ex.CausalLMExecutor, n)
-timed(cg.DecodeGraphs, "run"); timed(sm.Sampler, "__call__"); timed(om.SnacDecoderExecutor, "run"); timed(om.AudioCodeMask, "__call__")
+timed(cg.DecodeGraphs, "run"); timed(sm.Sampler, "__call__"); timed(om.SnacDecoderExecutor, "run"); timed(om.AudioCodeMask, "candidates")
 import os
 cuda = torch.cuda.is_available()
 sync = torch.cuda.synchronize if cuda else (lambda: None)

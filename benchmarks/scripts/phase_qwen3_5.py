@@ -5,14 +5,7 @@ from omniwalk.runtime import runtime as rtmod
 from omniwalk.engine import causal_lm_executor as ex, cuda_graphs as cg, sampler as sm, hybrid_lm_executor as hy
 from omniwalk.models.text_lm import TextPrompt
 from omniwalk.engine.sampler import SamplingParams
-acc = collections.Counter()
-def timed(cls, name):
-    fn = getattr(cls, name)
-    @functools.wraps(fn)
-    def wrapper(*a, **k):
-        t = time.perf_counter(); r = fn(*a, **k)
-        acc[f"{cls.__name__}.{name}"] += time.perf_counter() - t; return r
-    setattr(cls, name, wrapper)
+from phase_timers import acc, timed
 for n in ("_advance_dirty", "_form_batch", "_run_batch"): timed(rtmod.Runtime, n)
 for n in ("run", "_forward_eager", "_decode_with_graph", "_sample", "_launch_lookahead"): timed(ex.CausalLMExecutor, n)
 timed(hy.HybridLMExecutor, "_commit_states")
