@@ -58,7 +58,7 @@ class SnacGraphs:
         self.codes = [torch.zeros(self.max_windows, frames * n, dtype=torch.long, **on) for n in LEVEL_CODES]
         self.keys = torch.zeros(2, max(self.num_blocks, 1), self.max_windows, dtype=torch.long, **on)
         pinned = dict(pin_memory=self.on_cuda)
-        self.host_codes = torch.zeros(self.max_windows, frames * sum(LEVEL_CODES), dtype=torch.long, **pinned)
+        self.host_codes = [torch.zeros(self.max_windows, frames * n, dtype=torch.long, **pinned) for n in LEVEL_CODES]
         self.host_keys = torch.zeros(2, max(self.num_blocks, 1), self.max_windows, dtype=torch.long, **pinned)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
 
@@ -88,14 +88,11 @@ class SnacGraphs:
         n = len(keys)
         batch = next(b for b in self.buckets if b >= n)
         frames = np.asarray(codes, dtype=np.int64).reshape(n, self.frames, sum(LEVEL_CODES))
-        host = self.host_codes.numpy()
-        host[:batch] = 0
-        start = 0
-        for level, positions in enumerate(FRAME_LAYOUT):   # level-major: [frame 0's codes, frame 1's, ...]
-            width = self.frames * len(positions)
-            host[:n, start : start + width] = frames[:, :, positions].reshape(n, width)
-            self.codes[level][:batch].copy_(self.host_codes[:batch, start : start + width], non_blocking=True)
-            start += width
+        for level, positions in enumerate(FRAME_LAYOUT):   # per level: [frame 0's codes, frame 1's, ...]
+            host = self.host_codes[level].numpy()
+            host[:n] = frames[:, :, positions].reshape(n, -1)
+            host[n:batch] = 0
+            self.codes[level][:batch].copy_(self.host_codes[level][:batch], non_blocking=True)
         if self.num_blocks:
             halves = self.host_keys.numpy()
             halves[:, :, :batch] = 0
