@@ -42,3 +42,16 @@ def test_flush_returns_what_was_held_back(tokenizer, path):
     held = [detokenizer.add(i) for i in ids[:-1]]
     assert "".join(held) == ""                     # an incomplete character is held back
     assert detokenizer.add(ids[-1]) + detokenizer.flush() == "🦊"
+
+
+@pytest.mark.parametrize("path", ["decode_stream", "window"])
+def test_random_ids_join_to_the_full_decode(tokenizer, path):
+    """Ids as a random-weight model emits them (byte pieces that never form a character
+    included): the joined deltas are still exactly the full decode."""
+    import random
+    rng = random.Random(0)
+    for _ in range(100):
+        ids = [rng.randrange(len(tokenizer)) for _ in range(rng.randrange(1, 40))]
+        detokenizer = IncrementalDetokenizer(tokenizer if path == "decode_stream" else PythonOnly(tokenizer))
+        joined = "".join(detokenizer.add(i) for i in ids) + detokenizer.flush()
+        assert joined == tokenizer.decode(ids, skip_special_tokens=True)
