@@ -145,17 +145,7 @@ class OpenAICompletionsBackend:
     async def send(self, request: BenchRequest) -> RequestRecord:
         record = _new_record(request)
         record.send_time = now()
-        try:
-            async with self.client.stream("POST", "/v1/completions", json=self.payload(request)) as response:
-                record.http_status = response.status_code
-                if response.status_code != 200:
-                    body = (await response.aread()).decode("utf-8", errors="replace")
-                    record.fail(f"HTTP {response.status_code}: {_error_message(body)}")
-                    return record
-                await self._read_events(response, record)
-        except (httpx.HTTPError, ValueError, TypeError, AttributeError, KeyError) as exc:
-            # a transport failure or a response of the wrong shape: this request failed, the run goes on
-            record.fail(f"{type(exc).__name__}: {exc}")
+        await stream_post(self.client, "/v1/completions", self.payload(request), record, self._read_events)
         return record
 
     @staticmethod
@@ -209,6 +199,22 @@ def served_model_name(base_url: str, timeout_s: float = 30.0) -> str:
         return response.json()["data"][0]["id"]
     except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
         raise ValueError(f"could not read the served model from {url} ({exc}); give --model") from None
+
+
+async def stream_post(client: httpx.AsyncClient, path: str, payload: dict, record, read_events) -> None:
+    """POST a streaming request and hand a 200 response to `read_events(response, record)`;
+    any other status, a transport failure or a response of the wrong shape fails only this
+    record (`record.fail`), and the run goes on."""
+    try:
+        async with client.stream("POST", path, json=payload) as response:
+            record.http_status = response.status_code
+            if response.status_code != 200:
+                body = (await response.aread()).decode("utf-8", errors="replace")
+                record.fail(f"HTTP {response.status_code}: {_error_message(body)}")
+                return
+            await read_events(response, record)
+    except (httpx.HTTPError, ValueError, TypeError, AttributeError, KeyError) as exc:
+        record.fail(f"{type(exc).__name__}: {exc}")
 
 
 def _error_message(body: str) -> str:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from omniwalk.bench.backends import _error_message, normalize_base_url
+from omniwalk.bench.backends import _error_message, normalize_base_url, stream_post
 
 now = time.perf_counter
 
@@ -146,23 +146,13 @@ class SpeechSSEBackend:
     async def send(self, request: TTSRequest) -> TTSRecord:
         record = _new_record(request)
         record.send_time = now()
-        try:
-            async with self.client.stream("POST", "/v1/audio/speech", json=self.payload(request)) as response:
-                record.http_status = response.status_code
-                if response.status_code != 200:
-                    body = (await response.aread()).decode("utf-8", errors="replace")
-                    record.fail(f"HTTP {response.status_code}: {_error_message(body)}")
-                    return record
-                record.sample_rate = int(response.headers.get("x-sample-rate", DEFAULT_SAMPLE_RATE))
-                await self._read_events(response, record)
-        except (httpx.HTTPError, ValueError, TypeError, AttributeError, KeyError) as exc:
-            # a transport failure or a response of the wrong shape: this request failed, the run goes on
-            record.fail(f"{type(exc).__name__}: {exc}")
+        await stream_post(self.client, "/v1/audio/speech", self.payload(request), record, self._read_events)
         return record
 
     @staticmethod
     async def _read_events(response: httpx.Response, record: TTSRecord) -> None:
         """`data:` events up to speech.audio.done; the time of each is taken when its line is read."""
+        record.sample_rate = int(response.headers.get("x-sample-rate", DEFAULT_SAMPLE_RATE))
         async for line in response.aiter_lines():
             if not line.startswith("data:"):
                 continue

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable
 
+from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
@@ -202,6 +203,18 @@ class AbortingStreamingResponse(StreamingResponse):
         finally:
             await self.body_iterator.aclose()
             self.generation.abort_unfinished()
+
+
+def unsupported_route_router(ctx: ServerContext, path: str, missing: str) -> APIRouter:
+    """POST /v1{path} for a model that cannot serve it: a 400 in the OpenAI envelope
+    ("model 'x' {missing}"), so clients see why instead of a 404."""
+    router = APIRouter(prefix="/v1")
+
+    @router.post(path)
+    async def unsupported():
+        raise ApiError(400, f"model {ctx.model_name!r} {missing}", "model")
+
+    return router
 
 
 def disconnected_response() -> Response:

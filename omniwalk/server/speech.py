@@ -73,7 +73,7 @@ from omniwalk.models.orpheus.model import OrpheusModel
 from omniwalk.models.orpheus.speech import SpeechChunk, SpeechRequest, SpeechResult, SpeechUsage, submit_speech
 from omniwalk.server.generation import (
     AbortingStreamingResponse, ClientDisconnected, Generation, ServerContext, disconnected_response,
-    until_disconnected,
+    unsupported_route_router, until_disconnected,
 )
 from omniwalk.server.protocol import ApiError, GenerateSpeechRequest, SpeechBody, error_body
 
@@ -118,14 +118,8 @@ def speech_router(ctx: ServerContext) -> APIRouter:
 
 
 def no_speech_router(ctx: ServerContext) -> APIRouter:
-    """POST /v1/audio/speech on a text model: 404 in the OpenAI envelope."""
-    router = APIRouter(prefix="/v1")
-
-    @router.post("/audio/speech")
-    async def speech():
-        raise ApiError(400, f"model {ctx.model_name!r} does not produce speech", "model")
-
-    return router
+    """POST /v1/audio/speech on a model without speech: a 400 in the OpenAI envelope."""
+    return unsupported_route_router(ctx, "/audio/speech", "does not produce speech")
 
 
 def speech_generate_router(ctx: ServerContext) -> APIRouter:

@@ -80,7 +80,7 @@ from omniwalk.models.whisper.transcribe import (
 )
 from omniwalk.server.generation import (
     AbortingStreamingResponse, ClientDisconnected, Generation, ServerContext, disconnected_response,
-    until_disconnected,
+    unsupported_route_router, until_disconnected,
 )
 from omniwalk.server.protocol import ApiError, error_body
 
@@ -143,14 +143,8 @@ def transcription_router(ctx: ServerContext) -> APIRouter:
 
 
 def no_transcription_router(ctx: ServerContext) -> APIRouter:
-    """POST /v1/audio/transcriptions on a model that is not Whisper: 404 in the OpenAI envelope."""
-    router = APIRouter(prefix="/v1")
-
-    @router.post("/audio/transcriptions")
-    async def transcriptions():
-        raise ApiError(400, f"model {ctx.model_name!r} does not transcribe speech", "model")
-
-    return router
+    """POST /v1/audio/transcriptions on a model that is not Whisper: a 400 in the OpenAI envelope."""
+    return unsupported_route_router(ctx, "/audio/transcriptions", "does not transcribe speech")
 
 
 # ----------------------------------------------------------------------------- the form
