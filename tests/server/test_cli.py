@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-import time
 
 import httpx
 
 from omniwalk.cli import _engine_args, build_parser, main
+from processes import serve_process
 
 
 def test_generate_prints_text_and_finish_reason(capsys):
@@ -48,28 +44,8 @@ def test_serve_flags_become_engine_args():
 
 
 def test_serve_process():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    command = [sys.executable, "-m", "omniwalk.cli", "serve", "--port", str(port), "--kv-cache-tokens", "2048",
-               "--max-num-seqs", "8", "--log-level", "warning"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert process.poll() is None, process.stdout.read()
-            assert time.monotonic() < deadline, "the server did not come up"
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.2)
-        answer = httpx.post(f"http://127.0.0.1:{port}/v1/completions",
-                            json={"prompt": "Hi", "max_tokens": 3, "ignore_eos": True}).json()
+    with serve_process("--kv-cache-tokens", "2048", "--max-num-seqs", "8") as (url, output):
+        answer = httpx.post(f"{url}/v1/completions", json={"prompt": "Hi", "max_tokens": 3, "ignore_eos": True}).json()
         assert answer["usage"]["completion_tokens"] == 3
-    finally:
-        process.terminate()
-        output, _ = process.communicate(timeout=30)
-    assert "KV cache 2048 tokens" in output
-    assert "RANDOM weights" in output
+    assert "KV cache 2048 tokens" in output[0]
+    assert "RANDOM weights" in output[0]

@@ -20,6 +20,7 @@ from omniwalk.loading import EngineArgs
 from omniwalk.models.orpheus.config import VOICES
 from omniwalk.models.orpheus.model import samples_received
 from omniwalk.models.orpheus.speech import SpeechOutputProcessor
+from processes import serve_process
 
 SPEECH = "/v1/audio/speech"
 TEXT = "The river ran past the old mill."
@@ -323,36 +324,11 @@ def test_cli_codec_flag():
 
 
 def test_serve_tiny_orpheus_process():
-    import os
-    import socket
-    import subprocess
-    import sys
-    import time
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    command = [sys.executable, "-m", "omniwalk.cli", "serve", "tiny-orpheus", "--port", str(port),
-               "--kv-cache-tokens", "2048", "--max-num-seqs", "4", "--log-level", "warning"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert process.poll() is None, process.stdout.read()
-            assert time.monotonic() < deadline, "the server did not come up"
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.2)
-        with Client(f"http://127.0.0.1:{port}") as client:
+    with serve_process("tiny-orpheus", "--kv-cache-tokens", "2048", "--max-num-seqs", "4") as (url, output):
+        with Client(url) as client:
             wav = client.tts(TEXT, max_output_tokens=21, ignore_eos=True)
-    finally:
-        process.terminate()
-        output, _ = process.communicate(timeout=30)
     assert soundfile.info(io.BytesIO(wav)).frames == samples_received(3, 64)
-    assert "serving 'tiny-orpheus'" in output and "KV cache 2048 tokens" in output, output
+    assert "serving 'tiny-orpheus'" in output[0] and "KV cache 2048 tokens" in output[0], output[0]
 
 
 def test_speech_after_shutdown_is_refused():
