@@ -242,6 +242,11 @@ class CausalLMExecutor(NodeExecutor):
         """Hook: state beside the KV cache that a step writes aside (hybrid models), from
         its decode-graph part and its eager part."""
 
+    def _eager_inputs(self, handles: list[int], query_lens: list[int]) -> tuple:
+        """Hook: the model's inputs beyond ids, positions and attention in an eager pass
+        (hybrid models: the rows' recurrent states)."""
+        return ()
+
     def _row_slots(self, handles: list[int]) -> list[int] | None:
         """Hook: each row's slot in the decode graphs' slot resource (hybrid models: its state slot)."""
         return None
@@ -279,16 +284,15 @@ class CausalLMExecutor(NodeExecutor):
             start = sequence.num_computed
             input_ids.extend(sequence.token_ids[start : start + call.num_tokens])
             positions.extend(range(start, start + call.num_tokens))
-        metadata = build_metadata(
-            self.cache, [call.stream.handle for call in calls],
-            [s.num_computed for s in sequences], [call.num_tokens for call in calls], self.device,
-        )
+        handles, query_lens = [call.stream.handle for call in calls], [call.num_tokens for call in calls]
+        metadata = build_metadata(self.cache, handles, [s.num_computed for s in sequences], query_lens, self.device)
         hidden = self.model(
             torch.tensor(input_ids, dtype=torch.long).to(self.device, non_blocking=True),
             torch.tensor(positions, dtype=torch.long).to(self.device, non_blocking=True),
             PagedAttention(self.cache, metadata),
+            *self._eager_inputs(handles, query_lens),
         )  # [num_tokens, hidden]
-        ends = torch.tensor([call.num_tokens for call in calls]).cumsum(0) - 1
+        ends = torch.tensor(query_lens).cumsum(0) - 1
         return self.model.compute_logits(hidden[ends[done].to(self.device)])   # [num_done, vocab] fp32
 
     def _decode_with_graph(self, calls, sequences) -> torch.Tensor:

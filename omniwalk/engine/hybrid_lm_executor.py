@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import torch
 
-from omniwalk.engine.attention import PagedAttention, build_metadata
 from omniwalk.engine.causal_lm_executor import CausalLMExecutor
 from omniwalk.engine.cuda_graphs import DecodeGraphs
 from omniwalk.engine.kv_cache import PagedKVCache
@@ -87,21 +86,6 @@ class HybridLMExecutor(CausalLMExecutor):
     def _row_slots(self, handles: list[int]) -> list[int]:
         return [self.state_pool.slots[h] for h in handles]
 
-    def _forward_eager(self, calls, sequences, done) -> torch.Tensor:
-        input_ids, positions = [], []
-        for call, sequence in zip(calls, sequences):
-            start = sequence.num_computed
-            input_ids.extend(sequence.token_ids[start : start + call.num_tokens])
-            positions.extend(range(start, start + call.num_tokens))
-        query_lens = [call.num_tokens for call in calls]
-        handles = [call.stream.handle for call in calls]
-        metadata = build_metadata(self.cache, handles, [s.num_computed for s in sequences], query_lens, self.device)
+    def _eager_inputs(self, handles: list[int], query_lens: list[int]) -> tuple:
         self._states = StateBatch(self.state_pool, [self.state_pool.slots[h] for h in handles], query_lens)
-        hidden = self.model(
-            torch.tensor(input_ids, dtype=torch.long).to(self.device, non_blocking=True),
-            torch.tensor(positions, dtype=torch.long).to(self.device, non_blocking=True),
-            PagedAttention(self.cache, metadata),
-            self._states,
-        )  # [num_tokens, hidden]
-        ends = torch.tensor(query_lens).cumsum(0) - 1
-        return self.model.compute_logits(hidden[ends[done].to(self.device)])   # [num_done, vocab] fp32
+        return (self._states,)
