@@ -30,9 +30,9 @@ for c in [int(x) for x in sys.argv[1:]] or [16, 256]:
     for _ in range(40): rt.step()
     sync(); total = (time.perf_counter() - t) / 40
     print(f"c={c}: {total*1e3:.2f} ms/step ({c/total:.0f} codes/s); " + ", ".join(f"{k} {v/40*1e3:.2f}" for k, v in acc.most_common()), flush=True)
-    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as p:
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as p:
         for _ in range(7): rt.step()
         sync()
-    print(p.key_averages().table(sort_by="cuda_time_total" if cuda else "cpu_time_total", row_limit=12, max_name_column_width=60))
+    print(p.key_averages().table(sort_by="cuda_time_total" if cuda else "cpu_time_total", row_limit=22, max_name_column_width=70))
     for rid in list(rt.running): rt.abort(rid)
     rt.step()

@@ -23,7 +23,8 @@ otherwise it is dropped, and so is every row the runtime no longer asks for (a s
 stream): nothing computed past a stop ever reaches the runtime. A dropped guess costs
 GPU time, never correctness: its KV writes are for positions the real step writes again
 with the same values, or for pages already given back, which later owners overwrite
-before they read.
+before they read. State a step writes beside the KV cache (recurrent states) is
+committed only for the rows taken (`_lookahead_taken`).
 """
 
 from __future__ import annotations
@@ -114,9 +115,6 @@ class CausalLMExecutor(NodeExecutor):
         self.logits_mask = logits_mask
         self.sequences: dict[int, SequenceState] = {}
         self.lookahead: _Lookahead | None = None
-        # May a look-ahead serve a batch that lost rows (stopped streams)? Not where the
-        # step's state writes are all-or-nothing per replay (hybrid models).
-        self.lookahead_subsets = True
         self.lookahead_used = 0     # counters for tests and the bench
         self.lookahead_dropped = 0
 
@@ -206,11 +204,12 @@ class CausalLMExecutor(NodeExecutor):
         eager_done = [i for i in done if i not in in_graph]
         eager_samples = set(eager_done)
         lookahead, self.lookahead = self.lookahead, None
-        guessed = (lookahead.take([calls[i] for i in decode], [sequences[i] for i in decode], self.lookahead_subsets)
+        guessed = (lookahead.take([calls[i] for i in decode], [sequences[i] for i in decode])
                    if lookahead is not None and decode else None)
         if lookahead is not None:
             if guessed is not None:
                 self.lookahead_used += 1
+                self._lookahead_taken(guessed[2], len(lookahead.handles))
             else:
                 self.lookahead_dropped += 1
         to_sample, logits = (eager_done, []) if guessed is not None else (decode + eager_done, [])
@@ -241,6 +240,10 @@ class CausalLMExecutor(NodeExecutor):
     def _commit_states(self, graph_rows: bool, eager_rows: bool) -> None:
         """Hook: state beside the KV cache that a step writes aside (hybrid models), from
         its decode-graph part and its eager part."""
+
+    def _lookahead_taken(self, rows: list[int], num_rows: int) -> None:
+        """Hook: this step takes rows `rows` of the `num_rows` the look-ahead step computed
+        (fewer when streams stopped); the others' results are dropped."""
 
     def _eager_inputs(self, handles: list[int], query_lens: list[int]) -> tuple:
         """Hook: the model's inputs beyond ids, positions and attention in an eager pass
@@ -368,9 +371,9 @@ class _Lookahead:
     device_tokens: torch.Tensor  # [rows] the greedy samples, on the device
     host_copy: "HostCopy"
 
-    def take(self, calls, sequences, allow_subset: bool = True) -> tuple[list[int], torch.Tensor] | None:
-        """The guessed samples for `calls`, if every call is exactly what was guessed (and,
-        unless `allow_subset`, every guessed row is called, in any order)."""
+    def take(self, calls, sequences) -> tuple[list[int], torch.Tensor, list[int]] | None:
+        """The guessed samples for `calls` (on the host, on the device, and the rows they
+        come from), if every call is exactly what was guessed."""
         row_of = {handle: row for row, handle in enumerate(self.handles)}
         rows = []
         for call, sequence in zip(calls, sequences):
@@ -380,11 +383,8 @@ class _Lookahead:
                     or sequence.token_ids[-1] != self.input_tokens[row]):
                 return None
             rows.append(row)
-        whole = rows == list(range(len(self.handles)))
-        if not allow_subset and sorted(rows) != list(range(len(self.handles))):
-            return None
         host = self.host_copy.wait()
-        if whole:
-            return host, self.device_tokens
-        index = torch.tensor(rows, device=self.device_tokens.device)
-        return [host[row] for row in rows], self.device_tokens.index_select(0, index)
+        if rows == list(range(len(self.handles))):
+            return host, self.device_tokens, rows
+        index = to_device(rows, torch.long, self.device_tokens.device)
+        return [host[row] for row in rows], self.device_tokens.index_select(0, index), rows

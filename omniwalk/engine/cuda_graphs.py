@@ -29,6 +29,7 @@ import torch
 from typing import Any, Callable, Protocol
 
 from omniwalk.engine.attention import AttentionMetadata, PagedAttention
+from omniwalk.engine.host_to_device import to_device
 from omniwalk.engine.kv_cache import PagedKVCache
 
 SCRATCH_SLOT_HANDLE = -1   # the handle holding the padded rows' slot
@@ -99,7 +100,7 @@ class DecodeGraphs:
         self.query_start = torch.arange(size + 1, dtype=torch.int32, **on)
         self.page_table = torch.full((size, self.max_pages), self.scratch_page, dtype=torch.int32, **on)
         self.slot_resource = slot_resource
-        self.views: dict[int, Any] = {}                               # bucket -> its resource view
+        self.views: dict[int, Any] = {}      # bucket -> its resource view (on CUDA: only while capturing)
         self.commit_graphs: dict[int, torch.cuda.CUDAGraph] = {}      # bucket -> its view's commit
         if slot_resource is not None:
             self.scratch_slot = slot_resource.allocate(SCRATCH_SLOT_HANDLE)   # owned by no sequence, ever
@@ -140,6 +141,11 @@ class DecodeGraphs:
         with torch.cuda.graph(commit, pool=pool, stream=stream):
             self.slot_resource.commit_view(self.views[batch])
         self.commit_graphs[batch] = commit
+        # Its new states go back to the pool, for the smaller buckets' captures to reuse:
+        # a step commits before the next replay, so one bucket's outputs are pending at a
+        # time. Kept, every bucket would hold its own (Qwen3.5-0.8B, buckets up to 128:
+        # 591 rows of 18 MiB = 10.6 GiB that the KV cache sizing never saw).
+        del self.views[batch]
 
     def fits(self, batch: int, max_pages: int) -> bool:
         return batch <= self.max_batch_size and max_pages <= self.max_pages
@@ -195,6 +201,13 @@ class DecodeGraphs:
             self.commit_graphs[self._last_batch].replay()
         else:
             self.slot_resource.commit_view(self.views[self._last_batch])
+
+    def commit_rows_only(self, rows: list[int]) -> None:
+        """Make the next `commit_states` write only `rows` of the last replay: the others
+        are pointed at the scratch slot (the commit reads the slot buffer when it runs)."""
+        dropped = sorted(set(range(self._last_batch)) - set(rows))
+        if dropped:
+            self.row_slots[to_device(dropped, torch.long, self.device)] = self.scratch_slot
 
     def copy_to_host(self, tokens: torch.Tensor) -> "HostCopy":
         """Start copying `tokens` [n] to pinned host memory; `wait()` returns them as a list."""

@@ -19,9 +19,9 @@ A forward pass reads the slots, computes new states aside (`StateBatch`), and wr
 back only once the whole step (forward and sampling) succeeded, so a failed batch leaves
 every stream's state as it was, as the `NodeExecutor` contract asks. A decode step that
 replays a CUDA graph leaves its new states in the graph's output tensors until the same
-commit point (`DecodeGraphs.commit_states`); a look-ahead step (see `CausalLMExecutor`) is
-committed only when the runtime takes all of its rows, so a dropped guess never reaches
-the pool.
+commit point (`DecodeGraphs.commit_states`); of a look-ahead step (see `CausalLMExecutor`)
+only the rows the runtime takes are committed (the others write the scratch slot), so a
+dropped guess never reaches the pool.
 """
 
 from __future__ import annotations
@@ -46,7 +46,6 @@ class HybridLMExecutor(CausalLMExecutor):
             raise ValueError("the decode graphs must read and write this executor's state pool")
         super().__init__(model, cache, max_batch_size, decode_graphs=decode_graphs)
         self.state_pool = state_pool
-        self.lookahead_subsets = False
         self._states: StateBatch | None = None   # an eager step's new states, until it commits
 
     # ------------------------------------------------------------ resources
@@ -82,6 +81,11 @@ class HybridLMExecutor(CausalLMExecutor):
         if eager_rows:
             self._states.commit()
             self._states = None
+
+    def _lookahead_taken(self, rows: list[int], num_rows: int) -> None:
+        # A stopped stream's row must not commit: its slot may already be another stream's.
+        if len(rows) < num_rows:
+            self.decode_graphs.commit_rows_only(rows)
 
     def _row_slots(self, handles: list[int]) -> list[int]:
         return [self.state_pool.slots[h] for h in handles]

@@ -22,9 +22,13 @@ executor refuses a cache with it on) until the pool can snapshot states at page 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
+
+from omniwalk.engine.host_to_device import to_device
+from omniwalk.layers.gated_delta_rule import RaggedLengths
 
 
 @dataclass(frozen=True)
@@ -124,13 +128,15 @@ class StateBatch:
         self.pool = pool
         self.query_lens = list(query_lens)
         device = pool.conv.device
-        self.slot_index = torch.tensor(slots, dtype=torch.long, device=device)
+        # queued copies: `torch.tensor(..., device="cuda")` would wait for the GPU, which is
+        # still running this step's decode graph when a prefill's pass is being launched
+        self.slot_index = to_device(slots, torch.long, device)
         starts = [0]
         for n in query_lens[:-1]:
             starts.append(starts[-1] + n)
         decode = [b for b, n in enumerate(query_lens) if n == 1]
-        self.decode_rows = torch.tensor(decode, dtype=torch.long, device=device)         # sequences
-        self.decode_tokens = torch.tensor([starts[b] for b in decode], dtype=torch.long, device=device)
+        self.decode_rows = to_device(decode, torch.long, device)         # sequences
+        self.decode_tokens = to_device([starts[b] for b in decode], torch.long, device)
         self.prefills = [(b, starts[b], n) for b, n in enumerate(query_lens) if n > 1]
         self.all_decode = not self.prefills
         self._pending: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -149,6 +155,11 @@ class StateBatch:
         batch.all_decode = True
         batch._pending = {}
         return batch
+
+    @functools.cached_property
+    def ragged(self) -> RaggedLengths:
+        """The batch's lengths as the recurrent kernels take them, built once for all layers."""
+        return RaggedLengths(self.query_lens, self.pool.conv.device)
 
     @property
     def num_sequences(self) -> int:

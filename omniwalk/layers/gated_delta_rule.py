@@ -18,8 +18,9 @@ Two CPU implementations in torch, both taking and returning the per-sequence sta
 
 On CUDA, with fla-core installed, `gated_delta_rule_decode` and `gated_delta_rule_varlen`
 (what the model calls) run fla's Triton kernels instead: its fused recurrent kernel for a
-decode step (CUDA-graph safe) and its chunked kernel over a ragged batch (`cu_seqlens`) for
-prefill; the torch functions stay the reference and the CPU path. Shapes follow transformers / fla: [batch, seq_len, heads, dim], with
+decode step (CUDA-graph safe), and over a ragged batch (`cu_seqlens`) the same kernel
+for short pieces or its chunked kernel for long ones; the torch functions stay the
+reference and the CPU path. Shapes follow transformers / fla: [batch, seq_len, heads, dim], with
 num_value_heads a multiple of num_key_heads (a key head serves consecutive value heads).
 """
 
@@ -30,6 +31,8 @@ import logging
 
 import torch
 import torch.nn.functional as F
+
+from omniwalk.engine.host_to_device import to_device
 
 CHUNK_SIZE = 64
 
@@ -74,29 +77,64 @@ def gated_delta_rule_decode(q, k, v, a, b, A_log, dt_bias, state) -> tuple[torch
     return recurrent_gated_delta_rule(q, k, v, g, beta, state)
 
 
+# Longest piece that the fused recurrent kernel takes in a ragged batch; longer ones go to
+# the chunked kernel. The recurrent kernel is one launch per layer but walks the tokens one
+# by one; the chunked one is parallel over chunks but about fifteen launches and ~1.3 ms of
+# host time per layer in fla 0.6 (18 layers: ~23 ms of launches for a 32-token prompt,
+# measured on the H200, while a decode step of 128 sequences takes ~7 ms).
+RECURRENT_PREFILL_MAX_LEN = 128
+
+
+class RaggedLengths:
+    """A ragged batch's sequence lengths as fla's kernels take them (`cu_seqlens` on the
+    device and the host, the chunk index), built once per forward pass and shared by every
+    recurrent layer: built per layer, fla 0.6 derives them with host syncs each time."""
+
+    def __init__(self, lengths: list[int], device: torch.device):
+        self.lengths = list(lengths)
+        self.device = device
+        self.cu_seqlens_cpu = torch.tensor([0] + self.lengths, dtype=torch.long).cumsum(0)
+
+    @functools.cached_property
+    def cu_seqlens(self) -> torch.Tensor:
+        return to_device(self.cu_seqlens_cpu, device=self.device)
+
+    @functools.cached_property
+    def chunk_indices(self) -> torch.Tensor:
+        from fla.ops.utils.index import prepare_chunk_indices
+        return to_device(prepare_chunk_indices(self.cu_seqlens_cpu, 64), device=self.device)
+
+
 def gated_delta_rule_varlen(q, k, v, a, b, A_log, dt_bias, states,
-                            lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """A ragged batch: sequence i owns the next lengths[i] rows of the flat token dim.
+                            ragged: RaggedLengths) -> tuple[torch.Tensor, torch.Tensor]:
+    """A ragged batch: sequence i owns the next ragged.lengths[i] rows of the flat token dim.
 
     q, k [tokens, key_heads, key_dim], v [tokens, value_heads, value_dim], the gate inputs
     a, b [tokens, value_heads], states [len(lengths), value_heads, key_dim, value_dim] (the
     states before each sequence's first token). Returns the output [tokens, value_heads,
     value_dim] and the new states [len(lengths), ...] (fp32)."""
-    g, beta = gdn_gates(a, b, A_log, dt_bias)
     if _use_fla(q):
-        _, chunk = fla_kernels()
-        cu_seqlens = torch.tensor([0] + lengths, dtype=torch.long).cumsum(0).to(q.device)
+        fused_recurrent, chunk = fla_kernels()
+        if max(ragged.lengths) <= RECURRENT_PREFILL_MAX_LEN:
+            out, new_states = fused_recurrent(
+                q[None], k[None], v[None], g=a[None], beta=b[None], initial_state=states.float(),
+                output_final_state=True, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=A_log,
+                dt_bias=dt_bias, use_beta_sigmoid_in_kernel=True, cu_seqlens=ragged.cu_seqlens)
+            return out[0], new_states
+        g, beta = gdn_gates(a, b, A_log, dt_bias)
         # fp32 inputs: with bf16 ones, fla 0.6 autotuned its chunked kernels for over a
         # minute on the H200 (triton 3.6) before the first prefill returned; fp32 did not
-        # stall. Prefill only; decode steps stay in the model dtype.
+        # stall.
         out, new_states = chunk(q[None].float(), k[None].float(), v[None].float(), g=g[None].float(),
                                 beta=beta[None].float(), initial_state=states.float(), output_final_state=True,
-                                use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens)
+                                use_qk_l2norm_in_kernel=True, cu_seqlens=ragged.cu_seqlens,
+                                cu_seqlens_cpu=ragged.cu_seqlens_cpu, chunk_indices=ragged.chunk_indices)
         return out[0].to(v.dtype), new_states
+    g, beta = gdn_gates(a, b, A_log, dt_bias)
     out = torch.empty_like(v)
     new_states = torch.empty_like(states, dtype=torch.float32)
     start = 0
-    for i, length in enumerate(lengths):
+    for i, length in enumerate(ragged.lengths):
         span = slice(start, start + length)
         rule = recurrent_gated_delta_rule if length == 1 else chunk_gated_delta_rule
         piece, state = rule(q[None, span], k[None, span], v[None, span], g[None, span], beta[None, span],

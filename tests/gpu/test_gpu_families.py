@@ -44,19 +44,22 @@ def test_fla_kernels_match_the_torch_reference():
     ref_out, ref_state = gdr.recurrent_gated_delta_rule(q, k, v, g, beta, state)
     assert (out - ref_out).abs().max() < 1e-4 and (new_state - ref_state).abs().max() < 1e-4
 
-    lengths = [5, 1, 130, 64]           # decode rows are sequences of length 1 in a mixed batch
-    q, k, v, a, b = (x[0] for x in delta_rule_inputs(1, sum(lengths), torch.float32)[:5])
-    states = torch.randn(len(lengths), 8, 64, 64, device="cuda") * 0.1
-    out, new_states = gdr.gated_delta_rule_varlen(q, k, v, a, b, A_log, dt_bias, states, lengths)
-    g, beta = gdr.gdn_gates(a, b, A_log, dt_bias)
-    start = 0
-    for i, length in enumerate(lengths):
-        span = slice(start, start + length)
-        ref_out, ref_state = gdr.chunk_gated_delta_rule(q[None, span], k[None, span], v[None, span], g[None, span],
-                                                        beta[None, span], states[i, None])
-        assert (out[span] - ref_out[0]).abs().max() < 2e-3
-        assert (new_states[i] - ref_state[0]).abs().max() < 5e-3
-        start += length
+    # a mixed batch (decode rows are sequences of length 1): short pieces alone take the
+    # fused recurrent kernel, a piece over RECURRENT_PREFILL_MAX_LEN the chunked one
+    for lengths in ([5, 1, 30, 64], [5, 1, gdr.RECURRENT_PREFILL_MAX_LEN + 2, 64]):
+        q, k, v, a, b = (x[0] for x in delta_rule_inputs(1, sum(lengths), torch.float32)[:5])
+        states = torch.randn(len(lengths), 8, 64, 64, device="cuda") * 0.1
+        out, new_states = gdr.gated_delta_rule_varlen(q, k, v, a, b, A_log, dt_bias, states,
+                                                      gdr.RaggedLengths(lengths, q.device))
+        g, beta = gdr.gdn_gates(a, b, A_log, dt_bias)
+        start = 0
+        for i, length in enumerate(lengths):
+            span = slice(start, start + length)
+            ref_out, ref_state = gdr.chunk_gated_delta_rule(q[None, span], k[None, span], v[None, span],
+                                                            g[None, span], beta[None, span], states[i, None])
+            assert (out[span] - ref_out[0]).abs().max() < 2e-3
+            assert (new_states[i] - ref_state[0]).abs().max() < 5e-3
+            start += length
 
 
 def test_qwen3_5_greedy_ids_cuda_equal_cpu():

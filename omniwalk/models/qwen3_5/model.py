@@ -140,7 +140,7 @@ class GatedDeltaNet(nn.Module):
             core = core[:, 0]
         else:
             core, new_recurrent = gated_delta_rule_varlen(
-                q, k, v, a, b, self.A_log, self.dt_bias, recurrent_state, states.query_lens)
+                q, k, v, a, b, self.A_log, self.dt_bias, recurrent_state, states.ragged)
         states.write(self.state_layer, new_conv, new_recurrent)
 
         z = z.view(num_tokens, self.num_v_heads, self.head_v_dim)
