@@ -31,10 +31,16 @@ def machine_info() -> dict:
 
 
 def _commit() -> str | None:
+    """HEAD of the checkout the package runs from, "+dirty" when its tracked files differ
+    from HEAD (then HEAD alone does not say what ran)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], capture_output=True, text=True, timeout=5,
+                              cwd=Path(__file__).parent).stdout.strip()
     try:
-        result = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                                cwd=Path(__file__).parent)
-        return result.stdout.strip() or None
+        head = git("rev-parse", "HEAD")
+        if not head:
+            return None
+        return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
     except (OSError, subprocess.SubprocessError):
         return None
 
