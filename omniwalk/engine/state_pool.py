@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from omniwalk.engine.host_to_device import to_device
-from omniwalk.layers.gated_delta_rule import RaggedLengths
+from omniwalk.layers.ragged import RaggedLengths
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ class StatePool:
     writes_back = True
 
     def decode_view(self, slots: torch.Tensor) -> "StateBatch":
-        return StateBatch.for_decode_graph(self, slots)
+        return StateBatch.for_graph(self, slots)
 
     def commit_view(self, view: "StateBatch") -> None:
         view.commit()
@@ -117,53 +117,42 @@ class StateBatch:
     Layers read their sequences' states, and hand back new ones; nothing reaches the pool
     until `commit`, so a pass that raises leaves every sequence's state as it was (the
     runtime then retries its calls one by one). Sequence b owns rows [start_b, start_b +
-    query_lens[b]) of the flat token dimension:
+    query_lens[b]) of the flat token dimension (`ragged`: that layout as the recurrent
+    layers' kernels take it):
 
         flat tokens:  [ seq0: 5 prefill tokens | seq1: 1 decode token | seq2: 3 chunk tokens ]
-        decode_rows:  [1]          (one batched recurrent step for all of them)
-        prefills:     [(0, 0, 5), (2, 6, 3)]     (sequence, first token, length)
+        all_decode:   False        (True: one token per sequence, one batched recurrent step)
     """
 
     def __init__(self, pool: StatePool, slots: list[int], query_lens: list[int]):
         self.pool = pool
         self.query_lens = list(query_lens)
-        device = pool.conv.device
-        # queued copies: `torch.tensor(..., device="cuda")` would wait for the GPU, which is
+        # a queued copy: `torch.tensor(..., device="cuda")` would wait for the GPU, which is
         # still running this step's decode graph when a prefill's pass is being launched
-        self.slot_index = to_device(slots, torch.long, device)
-        starts = [0]
-        for n in query_lens[:-1]:
-            starts.append(starts[-1] + n)
-        decode = [b for b, n in enumerate(query_lens) if n == 1]
-        self.decode_rows = to_device(decode, torch.long, device)         # sequences
-        self.decode_tokens = to_device([starts[b] for b in decode], torch.long, device)
-        self.prefills = [(b, starts[b], n) for b, n in enumerate(query_lens) if n > 1]
-        self.all_decode = not self.prefills
+        self.slot_index = to_device(slots, torch.long, pool.conv.device)
+        self.all_decode = all(n == 1 for n in self.query_lens)
         self._pending: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     @classmethod
-    def for_decode_graph(cls, pool: StatePool, slot_index: torch.Tensor) -> "StateBatch":
-        """A decode batch (one token per sequence) over `slot_index`, a CUDA graph's static
-        input buffer: the graph reads the slots it holds at replay, and the states it
-        writes stay in the graph's output tensors until `commit`."""
+    def for_graph(cls, pool: StatePool, slot_index: torch.Tensor, ragged: RaggedLengths | None = None) -> "StateBatch":
+        """A CUDA graph's batch over `slot_index`, a static input buffer: the graph reads
+        the slots it holds at replay, and the states it writes stay in the graph's output
+        tensors until `commit`. Without `ragged`: a decode batch (one token per sequence);
+        with it, a ragged batch whose layout the graph's buffers hold."""
         batch = cls.__new__(cls)
         batch.pool = pool
-        batch.query_lens = [1] * len(slot_index)
+        batch.query_lens = None
         batch.slot_index = slot_index
-        batch.decode_rows = batch.decode_tokens = torch.arange(len(slot_index), device=slot_index.device)
-        batch.prefills = []
-        batch.all_decode = True
+        batch.all_decode = ragged is None
+        if ragged is not None:
+            batch.__dict__["ragged"] = ragged
         batch._pending = {}
         return batch
 
     @functools.cached_property
     def ragged(self) -> RaggedLengths:
-        """The batch's lengths as the recurrent kernels take them, built once for all layers."""
-        return RaggedLengths(self.query_lens, self.pool.conv.device)
-
-    @property
-    def num_sequences(self) -> int:
-        return len(self.query_lens)
+        """The batch's layout as the recurrent kernels take it, built once for all layers."""
+        return RaggedLengths(self.query_lens, self.pool.conv.device, self.pool.shape.conv_kernel)
 
     def read(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Copies of (conv [B, conv_dim, K-1], recurrent [B, heads, key_dim, value_dim]) of recurrent layer `layer`."""

@@ -45,6 +45,26 @@ def causal_conv1d(
     return out.transpose(1, 2).to(x.dtype), new_state
 
 
+def ragged_causal_conv1d(
+    x: torch.Tensor,          # [tokens, channels]: the new inputs of a ragged batch
+    weight: torch.Tensor,     # [channels, kernel_size]
+    state: torch.Tensor,      # [sequences, channels, kernel_size - 1]: each sequence's inputs before its tokens
+    conv_gather: torch.Tensor,    # [tokens, kernel_size]: see `omniwalk.layers.ragged`
+    conv_state: torch.Tensor,     # [sequences, kernel_size - 1]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`causal_conv1d` + SiLU of every sequence of a ragged batch at once (decode rows and
+    prefill pieces alike): each token's window is gathered from [states; tokens] by index,
+    so the launches do not grow with the number of sequences, and the shapes depend on the
+    token and sequence counts alone (a CUDA graph can hold it). Returns the outputs
+    [tokens, channels] (x's dtype) and the new states (state's shape and dtype)."""
+    carried = state.shape[-1]
+    rows = torch.cat([state.transpose(1, 2).reshape(-1, state.shape[1]).to(weight.dtype), x.to(weight.dtype)])
+    windows = rows[conv_gather]                                    # [tokens, kernel, channels]
+    out = F.silu(torch.einsum("tkc,ck->tc", windows, weight))
+    new_state = rows[conv_state].transpose(1, 2).reshape(state.shape[0], state.shape[1], carried)
+    return out.to(x.dtype), new_state.to(state.dtype)
+
+
 def causal_conv1d_decode(
     x: torch.Tensor,          # [batch, channels]: one new input per sequence
     weight: torch.Tensor,     # [channels, kernel_size]

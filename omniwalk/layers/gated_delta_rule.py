@@ -32,7 +32,7 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from omniwalk.engine.host_to_device import to_device
+from omniwalk.layers.ragged import RaggedLengths
 
 CHUNK_SIZE = 64
 
@@ -85,26 +85,6 @@ def gated_delta_rule_decode(q, k, v, a, b, A_log, dt_bias, state) -> tuple[torch
 RECURRENT_PREFILL_MAX_LEN = 128
 
 
-class RaggedLengths:
-    """A ragged batch's sequence lengths as fla's kernels take them (`cu_seqlens` on the
-    device and the host, the chunk index), built once per forward pass and shared by every
-    recurrent layer: built per layer, fla 0.6 derives them with host syncs each time."""
-
-    def __init__(self, lengths: list[int], device: torch.device):
-        self.lengths = list(lengths)
-        self.device = device
-        self.cu_seqlens_cpu = torch.tensor([0] + self.lengths, dtype=torch.long).cumsum(0)
-
-    @functools.cached_property
-    def cu_seqlens(self) -> torch.Tensor:
-        return to_device(self.cu_seqlens_cpu, device=self.device)
-
-    @functools.cached_property
-    def chunk_indices(self) -> torch.Tensor:
-        from fla.ops.utils.index import prepare_chunk_indices
-        return to_device(prepare_chunk_indices(self.cu_seqlens_cpu, 64), device=self.device)
-
-
 def gated_delta_rule_varlen(q, k, v, a, b, A_log, dt_bias, states,
                             ragged: RaggedLengths) -> tuple[torch.Tensor, torch.Tensor]:
     """A ragged batch: sequence i owns the next ragged.lengths[i] rows of the flat token dim.
@@ -115,7 +95,7 @@ def gated_delta_rule_varlen(q, k, v, a, b, A_log, dt_bias, states,
     value_dim] and the new states [len(lengths), ...] (fp32)."""
     if _use_fla(q):
         fused_recurrent, chunk = fla_kernels()
-        if max(ragged.lengths) <= RECURRENT_PREFILL_MAX_LEN:
+        if ragged.max_len <= RECURRENT_PREFILL_MAX_LEN:
             out, new_states = fused_recurrent(
                 q[None], k[None], v[None], g=a[None], beta=b[None], initial_state=states.float(),
                 output_final_state=True, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=A_log,

@@ -103,3 +103,23 @@ def test_causal_conv1d_decode_step(force_triton, monkeypatch, taps, dtype):
     q, k, v = causal_conv.causal_conv1d_decode(x, weight, state, parts=(12, 12, 16))[0]   # as q | k | v
     assert all(part.is_contiguous() for part in (q, k, v))
     assert_close(torch.cat([q, k, v], dim=-1), expected_out[:, 0])
+
+
+@pytest.mark.parametrize("taps", [2, 4])
+def test_ragged_causal_conv1d_equals_the_conv_per_sequence(taps):
+    """Decode rows, pieces shorter than the carried state and longer ones, in one batch."""
+    from omniwalk.layers import causal_conv
+    from omniwalk.layers.ragged import RaggedLengths
+    torch.manual_seed(5)
+    lengths = [1, 2, 7, 1, 3]
+    x = torch.randn(sum(lengths), 24)
+    weight = torch.randn(24, taps)
+    state = torch.randn(len(lengths), 24, taps - 1)
+    ragged = RaggedLengths(lengths, "cpu", conv_kernel=taps)
+    out, new_state = causal_conv.ragged_causal_conv1d(x, weight, state, *ragged.conv_indices)
+    start = 0
+    for i, length in enumerate(lengths):
+        expected_out, expected_state = causal_conv.causal_conv1d(x[None, start : start + length], weight, state[i, None])
+        assert_close(out[start : start + length], expected_out[0])
+        assert torch.equal(new_state[i], expected_state[0])
+        start += length

@@ -174,8 +174,7 @@ def test_state_batch_reaches_the_pool_only_on_commit():
     pool = tiny_pool()
     slots = [pool.allocate(h) for h in (5, 6)]
     batch = StateBatch(pool, slots[::-1], query_lens=[1, 4])
-    assert batch.decode_rows.tolist() == [0] and batch.decode_tokens.tolist() == [0]
-    assert batch.prefills == [(1, 1, 4)]
+    assert not batch.all_decode and batch.ragged.cu_seqlens.tolist() == [0, 1, 5]
     conv, recurrent = batch.read(1)
     assert conv.shape == (2, 6, 3) and recurrent.shape == (2, 2, 3, 5)
     batch.write(1, conv + 1, recurrent + 2)
@@ -192,8 +191,8 @@ def test_decode_graph_state_batch_reads_and_commits_the_slots_its_buffer_holds_a
     slots = [pool.allocate(h) for h in (1, 2, 3)]
     pool.recurrent[0, slots[2]] = 7.0
     buffer = torch.tensor([slots[0], slots[1]])
-    batch = StateBatch.for_decode_graph(pool, buffer)
-    assert batch.all_decode and batch.prefills == [] and batch.decode_rows.tolist() == [0, 1]
+    batch = StateBatch.for_graph(pool, buffer)
+    assert batch.all_decode
     buffer[1] = slots[2]                       # the executor refills the buffer before a replay
     conv, recurrent = batch.read(0)
     assert (recurrent[1] == 7).all() and not recurrent[0].any()

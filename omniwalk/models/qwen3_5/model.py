@@ -23,7 +23,7 @@ from torch import nn
 
 from omniwalk.engine.attention import PagedAttention
 from omniwalk.engine.state_pool import StateBatch
-from omniwalk.layers.causal_conv import causal_conv1d, causal_conv1d_decode
+from omniwalk.layers.causal_conv import causal_conv1d_decode, ragged_causal_conv1d
 from omniwalk.layers.fused_ops import norm_rotary
 from omniwalk.layers.gated_delta_rule import gated_delta_rule_decode, gated_delta_rule_varlen
 from omniwalk.layers.mlp import GatedMLP
@@ -96,8 +96,8 @@ class GatedDeltaNet(nn.Module):
         -> norm(., gate = in_proj_z(x)) -> out_proj
 
     A decode batch (one token per sequence) runs one batched recurrent step; a batch with
-    prefill pieces runs the chunked kernel over the whole ragged batch (decode tokens are
-    sequences of length 1 there).
+    prefill pieces runs the conv and the delta rule over the whole ragged batch at once
+    (decode tokens are sequences of length 1 there).
     """
 
     def __init__(self, config: Qwen3_5Config, state_layer: int):
@@ -116,7 +116,7 @@ class GatedDeltaNet(nn.Module):
         self.in_proj = nn.Linear(config.hidden_size, sum(self.splits), bias=False)
         self.packed_projections = _packing({"in_proj_qkv": conv_dim, "in_proj_z": self.value_dim,
                                             "in_proj_b": self.num_v_heads, "in_proj_a": self.num_v_heads}, "in_proj")
-        # depthwise; only its weight [conv_dim, 1, kernel] is used, by `causal_conv1d`
+        # depthwise; only its weight [conv_dim, 1, kernel] is used, by the conv functions
         self.conv1d = nn.Conv1d(conv_dim, conv_dim, kernel, groups=conv_dim, padding=kernel - 1, bias=False)
         self.dt_bias = nn.Parameter(torch.ones(self.num_v_heads))
         self.A_log = nn.Parameter(torch.zeros(self.num_v_heads))
@@ -150,18 +150,11 @@ class GatedDeltaNet(nn.Module):
         """Short causal conv + SiLU of each sequence's new tokens [tokens, conv_dim], from its
         carried state; returns (q, k, v) [tokens, key/value dim] and the new conv states."""
         weight = self.conv1d.weight.squeeze(1)
+        parts = (self.key_dim, self.key_dim, self.value_dim)
         if states.all_decode:   # q, k, v come out contiguous: fla's kernel reads them as they are
-            return causal_conv1d_decode(mixed, weight, conv_state, (self.key_dim, self.key_dim, self.value_dim))
-        out, new_state = torch.empty_like(mixed), conv_state.clone()
-        if len(states.decode_rows):
-            rows, tokens = states.decode_rows, states.decode_tokens
-            piece, new_state[rows] = causal_conv1d(mixed[tokens, None], weight, conv_state[rows])
-            out[tokens] = piece[:, 0]
-        for row, start, length in states.prefills:
-            span = slice(start, start + length)
-            piece, new_state[row] = causal_conv1d(mixed[None, span], weight, conv_state[row, None])
-            out[span] = piece[0]
-        return out.split([self.key_dim, self.key_dim, self.value_dim], dim=-1), new_state
+            return causal_conv1d_decode(mixed, weight, conv_state, parts)
+        out, new_state = ragged_causal_conv1d(mixed, weight, conv_state, *states.ragged.conv_indices)
+        return out.split(parts, dim=-1), new_state
 
 
 class Qwen3_5DecoderLayer(nn.Module):
