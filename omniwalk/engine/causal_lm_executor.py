@@ -40,6 +40,7 @@ from omniwalk.engine.attention import PagedAttention, build_metadata
 from omniwalk.engine.cuda_graphs import DecodeGraphs, HostCopy
 from omniwalk.engine.host_to_device import to_device
 from omniwalk.engine.kv_cache import PagedKVCache
+from omniwalk.engine.prefill_graphs import PrefillGraphs
 from omniwalk.engine.sampler import Sampler
 from omniwalk.runtime.executor import NodeCall, NodeExecutor
 
@@ -105,13 +106,15 @@ class CausalLMExecutor(NodeExecutor):
     chunkable = True
 
     def __init__(self, model: torch.nn.Module, cache: PagedKVCache, max_batch_size: int = 256,
-                 decode_graphs: DecodeGraphs | None = None, logits_mask: LogitsMask | None = None):
+                 decode_graphs: DecodeGraphs | None = None, logits_mask: LogitsMask | None = None,
+                 prefill_graphs: PrefillGraphs | None = None):
         self.model = model
         self.cache = cache
         self.sampler = Sampler()
         self.max_batch_size = max_batch_size
         self.device = next(model.parameters()).device
         self.decode_graphs = decode_graphs
+        self.prefill_graphs = prefill_graphs   # small eager passes replayed as graphs (hybrid models)
         self.logits_mask = logits_mask
         self.sequences: dict[int, SequenceState] = {}
         self.lookahead: _Lookahead | None = None
@@ -245,6 +248,10 @@ class CausalLMExecutor(NodeExecutor):
         """Hook: this step takes rows `rows` of the `num_rows` the look-ahead step computed
         (fewer when streams stopped); the others' results are dropped."""
 
+    def _prefill_graph_ran(self) -> None:
+        """Hook: the eager part of this step ran as a prefill graph (hybrid models: its new
+        states wait in the graph's outputs)."""
+
     def _eager_inputs(self, handles: list[int], query_lens: list[int]) -> tuple:
         """Hook: the model's inputs beyond ids, positions and attention in an eager pass
         (hybrid models: the rows' recurrent states)."""
@@ -288,7 +295,15 @@ class CausalLMExecutor(NodeExecutor):
             input_ids.extend(sequence.token_ids[start : start + call.num_tokens])
             positions.extend(range(start, start + call.num_tokens))
         handles, query_lens = [call.stream.handle for call in calls], [call.num_tokens for call in calls]
-        metadata = build_metadata(self.cache, handles, [s.num_computed for s in sequences], query_lens, self.device)
+        context_lens = [s.num_computed for s in sequences]
+        tables = [self.cache.page_tables[h] for h in handles]
+        if self.prefill_graphs is not None and self.prefill_graphs.bucket_for(query_lens, [len(t) for t in tables]):
+            kv_slots = [slot for h, c, n in zip(handles, context_lens, query_lens) for slot in self.cache.slots(h, c, c + n)]
+            logits = self.prefill_graphs.run(input_ids, positions, kv_slots, context_lens, query_lens, tables,
+                                             row_slots=self._row_slots(handles))
+            self._prefill_graph_ran()
+            return logits if len(done) == len(calls) else logits[to_device(done, torch.long, self.device)]
+        metadata = build_metadata(self.cache, handles, context_lens, query_lens, self.device)
         hidden = self.model(
             torch.tensor(input_ids, dtype=torch.long).to(self.device, non_blocking=True),
             torch.tensor(positions, dtype=torch.long).to(self.device, non_blocking=True),

@@ -49,18 +49,24 @@ class SlotResource(Protocol):
     def commit_view(self, view: Any) -> None:
         """Write what the view's step computed into the slots (if `writes_back`)."""
 
+    # for `PrefillGraphs` (hybrid models' state pool): prefill_view(slots, ragged) -> Any,
+    # the input of a ragged batch whose layout (`RaggedLengths`) lives in static buffers
 
-def capture_per_bucket(device: torch.device, buckets: list[int], forward: Callable[[int], torch.Tensor],
-                       warmups: int = 1, then: Callable[[int, Any, Any], None] | None = None,
-                       ) -> dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]]:
+
+def capture_per_bucket(device: torch.device, buckets: list, forward: Callable[[Any], torch.Tensor],
+                       warmups: int = 1, then: Callable[[Any, Any, Any], None] | None = None,
+                       prepare: Callable[[Any], None] | None = None) -> dict:
     """One CUDA graph of `forward(bucket)` per bucket, largest first, all sharing one memory
-    pool (a smaller graph reuses the larger ones' memory). `then(bucket, pool, stream)` may
-    capture more graphs into the pool after each. Returns bucket -> (graph, its output)."""
+    pool (a smaller graph reuses the larger ones' memory). `prepare(bucket)` may fill input
+    buffers before a bucket's warm-up; `then(bucket, pool, stream)` may capture more graphs
+    into the pool after each. Returns bucket -> (graph, its output)."""
     graphs, pool = {}, None
     stream = torch.cuda.Stream(device)
     stream.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(stream):
         for batch in reversed(buckets):
+            if prepare is not None:
+                prepare(batch)
             for _ in range(warmups):
                 forward(batch)                 # warm up (Triton autotune/compile, cuDNN, allocator)
             graph = torch.cuda.CUDAGraph()

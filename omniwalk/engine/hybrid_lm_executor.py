@@ -30,6 +30,7 @@ import torch
 
 from omniwalk.engine.causal_lm_executor import CausalLMExecutor
 from omniwalk.engine.cuda_graphs import DecodeGraphs
+from omniwalk.engine.prefill_graphs import PrefillGraphs
 from omniwalk.engine.kv_cache import PagedKVCache
 from omniwalk.engine.state_pool import StateBatch, StatePool
 
@@ -38,15 +39,16 @@ class HybridLMExecutor(CausalLMExecutor):
     """`CausalLMExecutor` for a model called as `model(input_ids, positions, attention, states)`."""
 
     def __init__(self, model: torch.nn.Module, cache: PagedKVCache, state_pool: StatePool,
-                 max_batch_size: int = 256, decode_graphs: DecodeGraphs | None = None):
+                 max_batch_size: int = 256, decode_graphs: DecodeGraphs | None = None,
+                 prefill_graphs: PrefillGraphs | None = None):
         if cache.enable_prefix_caching:
             raise ValueError("prefix caching cannot be on for a hybrid model: a shared KV prefix "
                              "comes without the recurrent state at its end")
         if decode_graphs is not None and decode_graphs.slot_resource is not state_pool:
             raise ValueError("the decode graphs must read and write this executor's state pool")
-        super().__init__(model, cache, max_batch_size, decode_graphs=decode_graphs)
+        super().__init__(model, cache, max_batch_size, decode_graphs=decode_graphs, prefill_graphs=prefill_graphs)
         self.state_pool = state_pool
-        self._states: StateBatch | None = None   # an eager step's new states, until it commits
+        self._commit_eager = None   # writes the eager part's new states (a StateBatch's or a prefill graph's)
 
     # ------------------------------------------------------------ resources
 
@@ -79,8 +81,8 @@ class HybridLMExecutor(CausalLMExecutor):
         if graph_rows:
             self.decode_graphs.commit_states()
         if eager_rows:
-            self._states.commit()
-            self._states = None
+            self._commit_eager()
+            self._commit_eager = None
 
     def _lookahead_taken(self, rows: list[int], num_rows: int) -> None:
         # A stopped stream's row must not commit: its slot may already be another stream's.
@@ -90,6 +92,10 @@ class HybridLMExecutor(CausalLMExecutor):
     def _row_slots(self, handles: list[int]) -> list[int]:
         return [self.state_pool.slots[h] for h in handles]
 
+    def _prefill_graph_ran(self) -> None:
+        self._commit_eager = self.prefill_graphs.commit_states
+
     def _eager_inputs(self, handles: list[int], query_lens: list[int]) -> tuple:
-        self._states = StateBatch(self.state_pool, [self.state_pool.slots[h] for h in handles], query_lens)
-        return (self._states,)
+        states = StateBatch(self.state_pool, [self.state_pool.slots[h] for h in handles], query_lens)
+        self._commit_eager = states.commit
+        return (states,)

@@ -107,6 +107,9 @@ class StatePool:
     def decode_view(self, slots: torch.Tensor) -> "StateBatch":
         return StateBatch.for_graph(self, slots)
 
+    def prefill_view(self, slots: torch.Tensor, ragged: RaggedLengths) -> "StateBatch":
+        return StateBatch.for_graph(self, slots, ragged)
+
     def commit_view(self, view: "StateBatch") -> None:
         view.commit()
 

@@ -55,10 +55,11 @@ class RaggedLengths:
 
     @classmethod
     def from_buffers(cls, cu_seqlens: torch.Tensor, conv_gather: torch.Tensor, conv_state: torch.Tensor,
-                     max_len: int) -> "RaggedLengths":
-        """A graph's static layout; `max_len` bounds every sequence it will hold."""
+                     max_len: int, lengths: list[int] | None = None) -> "RaggedLengths":
+        """A graph's static layout; `max_len` bounds every sequence it will hold. `lengths`:
+        the host copy, for the CPU path (which replays nothing)."""
         ragged = cls.__new__(cls)
-        ragged.lengths, ragged.device, ragged.max_len = None, cu_seqlens.device, max_len
+        ragged.lengths, ragged.device, ragged.max_len = lengths, cu_seqlens.device, max_len
         ragged.conv_kernel = conv_gather.shape[1]
         ragged.cu_seqlens_cpu = None
         # the cached properties, set to the buffers

@@ -16,7 +16,8 @@ pytestmark = pytest.mark.gpu
 
 
 def run_on(device: str, model: str, fn, dtype: str = "float32", **engine_args):
-    args = EngineArgs(model, device=device, dtype=dtype, kv_cache_tokens=32768, max_num_seqs=8, **engine_args)
+    engine_args = {"max_num_seqs": 8, **engine_args}
+    args = EngineArgs(model, device=device, dtype=dtype, kv_cache_tokens=32768, **engine_args)
     with Engine(args) as engine:
         return fn(engine)
 
@@ -64,18 +65,21 @@ def test_fla_kernels_match_the_torch_reference():
 
 def test_qwen3_5_greedy_ids_cuda_equal_cpu():
     """fp32 on both sides: the CUDA side runs fla's kernels, the decode CUDA graphs with the
-    state slots, and the look-ahead step; greedy ids must equal the CPU reference."""
-    requests = [GenerationRequest(prompt=p, max_tokens=48, ignore_eos=True, sampling=SamplingParams(temperature=0.0))
-                for p in ("The quick brown fox " * 20, "1 2 3", "Once upon a time")]
+    state slots, the look-ahead step, and the prefill graphs (two slots for four requests:
+    the later ones join a running batch); greedy ids must equal the CPU reference."""
+    requests = [GenerationRequest(prompt=p, max_tokens=48 - 8 * i, ignore_eos=True,
+                                  sampling=SamplingParams(temperature=0.0))
+                for i, p in enumerate(("The quick brown fox " * 20, "1 2 3", "Once upon a time", "a b c"))]
 
     def generate(engine):
         ids = [r.token_ids for r in engine.generate(requests)]
         executor = engine.model.executors["backbone"]
-        return ids, executor.decode_graphs is not None, executor.lookahead_used
+        prefill = executor.prefill_graphs.replays if executor.prefill_graphs is not None else 0
+        return ids, executor.decode_graphs is not None, executor.lookahead_used, prefill
 
-    cpu_ids, _, _ = run_on("cpu", "tiny-qwen3_5", generate)
-    cuda_ids, graphs, lookahead_used = run_on("cuda", "tiny-qwen3_5", generate)
-    assert graphs and lookahead_used > 0
+    cpu_ids, _, _, _ = run_on("cpu", "tiny-qwen3_5", generate, max_num_seqs=2)
+    cuda_ids, graphs, lookahead_used, prefill_replays = run_on("cuda", "tiny-qwen3_5", generate, max_num_seqs=2)
+    assert graphs and lookahead_used > 0 and prefill_replays > 0
     assert cuda_ids == cpu_ids
 
 

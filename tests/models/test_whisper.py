@@ -276,8 +276,10 @@ def test_cancel_frees_pages_and_cross_attention_slots():
         model = engine.model
         audio = clip("noise", 70)
         streams = [submit_transcription(engine, TranscriptionRequest(audio, language="en")) for _ in range(6)]
-        iterator = iter(streams[0])
-        next(iterator), next(iterator)            # it is decoding now
+        next(iter(streams[0]))                    # it is decoding now; wait for the other three
+        deadline = time.monotonic() + 10
+        while model.cross.num_free and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert model.cross.num_free == 0 and model.cache.allocator.num_free < model.cache.allocator.num_pages
         for stream in streams:
             stream.abort()

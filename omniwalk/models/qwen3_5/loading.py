@@ -13,6 +13,7 @@ either checkpoint kind:
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import torch
@@ -20,6 +21,7 @@ import torch
 from omniwalk.engine.cuda_graphs import DecodeGraphs
 from omniwalk.engine.hybrid_lm_executor import HybridLMExecutor
 from omniwalk.engine.kv_cache import PagedKVCache
+from omniwalk.engine.prefill_graphs import PrefillGraphs
 from omniwalk.engine.state_pool import StatePool, StatePoolShape
 from omniwalk.loading import (EngineArgs, LoadedModel, capture_decode_graphs, kv_cache_shape, read_model_source,
                               resolve_device, resolve_dtype, uses_decode_graphs)
@@ -38,13 +40,15 @@ class HybridTextGenerationModel(TextGenerationModel):
     """`TextGenerationModel` (same walks and plan) whose backbone also holds recurrent state."""
 
     def __init__(self, lm: torch.nn.Module, cache: PagedKVCache, state_pool: StatePool, *,
-                 max_batch_size: int = 256, decode_graphs: DecodeGraphs | None = None):
+                 max_batch_size: int = 256, decode_graphs: DecodeGraphs | None = None,
+                 prefill_graphs: PrefillGraphs | None = None):
         # not super().__init__: that builds a plain CausalLMExecutor
         self.lm = lm
         self.cache = cache
         self.state_pool = state_pool
         self.graph = text_generation_graph()
-        self.executors = {BACKBONE.name: HybridLMExecutor(lm, cache, state_pool, max_batch_size, decode_graphs)}
+        self.executors = {BACKBONE.name: HybridLMExecutor(lm, cache, state_pool, max_batch_size, decode_graphs,
+                                                          prefill_graphs)}
 
 
 def checkpoint_name(name: str) -> str | None:
@@ -96,7 +100,15 @@ def load_qwen3_5(args: EngineArgs, family, folder: Path | None) -> LoadedModel:
                     "state at its end", family.name)
     cache = PagedKVCache(shape, dtype, device, enable_prefix_caching=False)
     graphs = capture_decode_graphs(args, lm, cache, max_model_len, slot_resource=pool)
-    served = HybridTextGenerationModel(lm, cache, pool, max_batch_size=args.max_num_seqs, decode_graphs=graphs)
+    prefill = None
+    if graphs is not None:   # a request joining the batch: its prompt replays a graph too
+        prefill = PrefillGraphs(lm, graphs, conv_kernel=config.linear_conv_kernel_dim)
+        started = time.perf_counter()
+        prefill.capture()
+        logger.info("captured prefill CUDA graphs for (tokens, sequences) %s in %.1f s", prefill.buckets,
+                    time.perf_counter() - started)
+    served = HybridTextGenerationModel(lm, cache, pool, max_batch_size=args.max_num_seqs, decode_graphs=graphs,
+                                       prefill_graphs=prefill)
     logger.info("loaded %s (%s, %s on %s%s); KV cache (%d attention layers): %d tokens in %d pages of %d; "
                 "recurrent state (%d layers): %d slots of %.1f MiB",
                 args.model, family.name, dtype, device, ", random weights" if random_weights else "",
