@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Orpheus-3B (issue 5): where a step goes at c=16 and c=256, then the TTS bench
 set -u; source benchmarks/scripts/setup_device.sh
-timeout -s INT 200 python3 benchmarks/scripts/phase_orpheus.py 16 256 2>&1 | grep -v -i warn | cut -c1-160 | tail -45
+timeout -s INT 200 python3 benchmarks/scripts/phase_orpheus.py 16 256 > $OUT/orpheus_phase.log 2>&1
+grep -E "ms/step|Error" $OUT/orpheus_phase.log
 TTS="bench --tts --model benchmarks/orpheus-3b --load-format dummy --max-num-seqs 256 --max-model-len 2048 --output-len 700 --ignore-eos --seed 0 --no-progress"
-timeout -s INT 240 python3 -m omniwalk.cli $TTS --concurrency 1,16,64,256 --num-requests 64 --warmup 4 --json $OUT/tts.json 2>&1 | grep -E "====|TTFA|RTF|audio s|viab"
+timeout -s INT 240 python3 -m omniwalk.cli $TTS --concurrency 1,16,64,256 --num-requests 256 --warmup 4 --json $OUT/tts.json > $OUT/tts.log 2>&1
+grep -E "====|TTFA|RTF|audio s|viab|Error" $OUT/tts.log
