@@ -30,8 +30,8 @@ import torch
 
 from omniwalk.engine.causal_lm_executor import CausalLMExecutor
 from omniwalk.engine.cuda_graphs import DecodeGraphs
-from omniwalk.engine.prefill_graphs import PrefillGraphs
 from omniwalk.engine.kv_cache import PagedKVCache
+from omniwalk.engine.prefill_graphs import PrefillGraphs
 from omniwalk.engine.state_pool import StateBatch, StatePool
 
 
