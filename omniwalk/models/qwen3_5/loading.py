@@ -104,9 +104,14 @@ def load_qwen3_5(args: EngineArgs, family, folder: Path | None) -> LoadedModel:
     if graphs is not None:   # a request joining the batch: its prompt replays a graph too
         prefill = PrefillGraphs(lm, graphs, conv_kernel=config.linear_conv_kernel_dim)
         started = time.perf_counter()
-        prefill.capture()
-        logger.info("captured prefill CUDA graphs for (tokens, sequences) %s in %.1f s", prefill.buckets,
-                    time.perf_counter() - started)
+        try:
+            prefill.capture()
+        except Exception:   # the eager pass does the same work, with more launches
+            logger.exception("could not capture the prefill CUDA graphs; small prefill batches run eagerly")
+            prefill = None
+        else:
+            logger.info("captured prefill CUDA graphs for (tokens, sequences) %s in %.1f s", prefill.buckets,
+                        time.perf_counter() - started)
     served = HybridTextGenerationModel(lm, cache, pool, max_batch_size=args.max_num_seqs, decode_graphs=graphs,
                                        prefill_graphs=prefill)
     logger.info("loaded %s (%s, %s on %s%s); KV cache (%d attention layers): %d tokens in %d pages of %d; "
