@@ -1,0 +1,50 @@
+"""The padded layout a prefill graph replays, as its device buffers hold it.
+
+On a CPU the padded batch runs through attention's host lists; the buffers below are what
+the Triton kernels read on a GPU, so they are checked here directly.
+"""
+
+import torch
+
+from omniwalk.engine.cuda_graphs import DecodeGraphs
+from omniwalk.engine.prefill_graphs import PrefillGraphs
+from omniwalk.loading import EngineArgs, load_model
+
+
+def test_padded_layout_in_the_device_buffers():
+    loaded = load_model(EngineArgs("tiny-qwen3_5", device="cpu", dtype="float32", kv_cache_tokens=4096, max_num_seqs=4))
+    executor = loaded.served.executors["backbone"]
+    pool, cache = executor.state_pool, executor.cache
+    decode = DecodeGraphs(executor.model, cache, 4, 8, pool)
+    graphs = PrefillGraphs(executor.model, decode, pool.shape.conv_kernel)
+    handles, query_lens, context_lens = [7, 8], [5, 3], [0, 16]
+    for handle, context, n in zip(handles, context_lens, query_lens):
+        cache.reserve(handle, context + n)
+        pool.allocate(handle)
+    tables = [cache.page_tables[h] for h in handles]
+    kv_slots = [s for h, c, n in zip(handles, context_lens, query_lens) for s in cache.slots(h, c, c + n)]
+    logits = graphs.run(list(range(8)), [0, 1, 2, 3, 4, 16, 17, 18], kv_slots, context_lens, query_lens, tables,
+                        row_slots=[pool.slots[h] for h in handles])
+    assert logits.shape[0] == 2 and graphs.replays == 1
+    assert graphs._last_bucket == (16, 4)          # 8 tokens + 2 padding sequences (1 and 7 tokens)
+    longs, ints = graphs._longs, graphs._ints
+    assert ints("query_start")[:5].tolist() == [0, 5, 8, 9, 16]
+    assert longs("cu_seqlens")[:5].tolist() == [0, 5, 8, 9, 16]
+    assert longs("ends")[:4].tolist() == [4, 7, 8, 15]
+    assert ints("context_lens")[:4].tolist() == [0, 16, 0, 0]
+    scratch_kv = decode.scratch_page * cache.page_size
+    assert longs("kv_slots")[:16].tolist() == kv_slots + [scratch_kv] * 8
+    table = ints("page_table").view(-1, decode.max_pages)[:4]
+    for row, pages in enumerate(tables):
+        assert table[row, : len(pages)].tolist() == pages
+        assert (table[row, len(pages):] == decode.scratch_page).all()
+    assert (table[2:] == decode.scratch_page).all()
+    assert longs("row_slots")[:4].tolist() == [pool.slots[7], pool.slots[8], decode.scratch_slot, decode.scratch_slot]
+    gather = longs("conv_gather")[: 16 * pool.shape.conv_kernel].view(16, -1)
+    carried = pool.shape.conv_kernel - 1
+    # token 0 of sequence 0 sees its carried state then itself; the last token of the
+    # second sequence sees only new tokens (it is 3 tokens in, the window reaching back 3)
+    assert gather[0].tolist() == list(range(carried)) + [4 * carried]
+    assert gather[7].tolist()[-1] == 4 * carried + 7
+    assert torch.equal(logits, graphs.run(list(range(8)), [0, 1, 2, 3, 4, 16, 17, 18], kv_slots, context_lens,
+                                          query_lens, tables, row_slots=[pool.slots[h] for h in handles]))
