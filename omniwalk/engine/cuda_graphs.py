@@ -87,7 +87,57 @@ def batch_buckets(max_batch_size: int) -> list[int]:
     return sorted(set(buckets + [max_batch_size]))
 
 
-class DecodeGraphs:
+class BucketGraphs:
+    """What `DecodeGraphs` and `PrefillGraphs` share: one graph of `_forward(bucket)` per
+    bucket, and a slot resource's new states held in the graph's outputs until
+    `commit_states` (on a CPU: the forward run eagerly, nothing captured). A subclass sets
+    `device`, `on_cuda`, `buckets`, `slot_resource` and calls `_init_graphs()`."""
+
+    def _init_graphs(self) -> None:
+        self.graphs: dict[Any, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.views: dict[Any, Any] = {}      # bucket -> its resource view (on CUDA: only while capturing)
+        self.commit_graphs: dict[Any, torch.cuda.CUDAGraph] = {}      # bucket -> its view's commit
+        self._last_bucket = None
+
+    def _forward(self, bucket) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _capture(self, prepare: Callable[[Any], None] | None = None) -> None:
+        if not self.on_cuda:
+            return
+        then = self._capture_commit if self.slot_resource is not None and self.slot_resource.writes_back else None
+        self.graphs = capture_per_bucket(self.device, self.buckets, self._forward, warmups=2, then=then,
+                                         prepare=prepare)
+
+    def _capture_commit(self, bucket, pool, stream) -> None:
+        commit = torch.cuda.CUDAGraph()   # one replay, not two launches per layer
+        with torch.cuda.graph(commit, pool=pool, stream=stream):
+            self.slot_resource.commit_view(self.views[bucket])
+        self.commit_graphs[bucket] = commit
+        # Its new states go back to the pool, for the smaller buckets' captures to reuse:
+        # a step commits before the next replay, so one bucket's outputs are pending at a
+        # time. Kept, every bucket would hold its own (Qwen3.5-0.8B, decode buckets up to
+        # 128: 591 rows of 18 MiB = 10.6 GiB that the KV cache sizing never saw).
+        del self.views[bucket]
+
+    def _replay(self, bucket, count: int) -> torch.Tensor:
+        """The first `count` rows of the bucket's output, its inputs already in the buffers."""
+        self._last_bucket = bucket
+        if not self.on_cuda:
+            return self._forward(bucket)[:count]
+        graph, output = self.graphs[bucket]
+        graph.replay()
+        return output[:count]
+
+    def commit_states(self) -> None:
+        """Write what the last replay computed into the slot resource (padding: the scratch slot)."""
+        if self.on_cuda:
+            self.commit_graphs[self._last_bucket].replay()
+        else:
+            self.slot_resource.commit_view(self.views[self._last_bucket])
+
+
+class DecodeGraphs(BucketGraphs):
     def __init__(self, model: torch.nn.Module, cache: PagedKVCache, max_batch_size: int, max_pages_per_sequence: int,
                  slot_resource: SlotResource | None = None):
         self.model = model
@@ -106,18 +156,15 @@ class DecodeGraphs:
         self.query_start = torch.arange(size + 1, dtype=torch.int32, **on)
         self.page_table = torch.full((size, self.max_pages), self.scratch_page, dtype=torch.int32, **on)
         self.slot_resource = slot_resource
-        self.views: dict[int, Any] = {}      # bucket -> its resource view (on CUDA: only while capturing)
-        self.commit_graphs: dict[int, torch.cuda.CUDAGraph] = {}      # bucket -> its view's commit
+        self._init_graphs()
         if slot_resource is not None:
             self.scratch_slot = slot_resource.allocate(SCRATCH_SLOT_HANDLE)   # owned by no sequence, ever
             self.row_slots = torch.full((size,), self.scratch_slot, dtype=torch.long, **on)
-        self._last_batch = 0
         self.on_cuda = self.device.type == "cuda"
         pinned = dict(pin_memory=self.on_cuda)
         # pinned staging: [ids; positions; KV slots; resource slots] and [context_len, page table...]
         self.host_longs = torch.zeros(4, size, dtype=torch.long, **pinned)
         self.host_ints = torch.zeros(size, 1 + self.max_pages, dtype=torch.int32, **pinned)
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         # two pinned buffers for look-ahead copies: one in flight while the other is read
         self._copy_slots = [torch.zeros(size, dtype=torch.long, **pinned) for _ in range(2)]
         self._next_copy_slot = 0
@@ -137,21 +184,7 @@ class DecodeGraphs:
 
     @torch.inference_mode()
     def capture(self) -> None:
-        if not self.on_cuda:
-            return
-        then = self._capture_commit if self.slot_resource is not None and self.slot_resource.writes_back else None
-        self.graphs = capture_per_bucket(self.device, self.buckets, self._forward, warmups=2, then=then)
-
-    def _capture_commit(self, batch: int, pool, stream) -> None:
-        commit = torch.cuda.CUDAGraph()   # one replay, not two launches per layer
-        with torch.cuda.graph(commit, pool=pool, stream=stream):
-            self.slot_resource.commit_view(self.views[batch])
-        self.commit_graphs[batch] = commit
-        # Its new states go back to the pool, for the smaller buckets' captures to reuse:
-        # a step commits before the next replay, so one bucket's outputs are pending at a
-        # time. Kept, every bucket would hold its own (Qwen3.5-0.8B, buckets up to 128:
-        # 591 rows of 18 MiB = 10.6 GiB that the KV cache sizing never saw).
-        del self.views[batch]
+        self._capture()
 
     def fits(self, batch: int, max_pages: int) -> bool:
         return batch <= self.max_batch_size and max_pages <= self.max_pages
@@ -194,24 +227,12 @@ class DecodeGraphs:
         self.slots[:batch].copy_(self.host_longs[2, :batch], non_blocking=True)
         self.context_lens[:batch].copy_(self.host_ints[:batch, 0], non_blocking=True)
         self.page_table[:batch, :width].copy_(self.host_ints[:batch, 1 : 1 + width], non_blocking=True)
-        self._last_batch = batch
-        if not self.on_cuda:
-            return self._forward(batch)[:n]
-        graph, logits = self.graphs[batch]
-        graph.replay()
-        return logits[:n]
-
-    def commit_states(self) -> None:
-        """Write what the last replay computed into the slot resource (padded rows: the scratch slot)."""
-        if self.on_cuda:
-            self.commit_graphs[self._last_batch].replay()
-        else:
-            self.slot_resource.commit_view(self.views[self._last_batch])
+        return self._replay(batch, n)
 
     def commit_rows_only(self, rows: list[int]) -> None:
         """Make the next `commit_states` write only `rows` of the last replay: the others
         are pointed at the scratch slot (the commit reads the slot buffer when it runs)."""
-        dropped = sorted(set(range(self._last_batch)) - set(rows))
+        dropped = sorted(set(range(self._last_bucket)) - set(rows))
         if dropped:
             self.row_slots[to_device(dropped, torch.long, self.device)] = self.scratch_slot
 

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from omniwalk.engine.attention import AttentionMetadata, PagedAttention
-from omniwalk.engine.cuda_graphs import DecodeGraphs, capture_per_bucket
+from omniwalk.engine.cuda_graphs import BucketGraphs, DecodeGraphs
 from omniwalk.layers.ragged import RaggedLengths, conv_window_indices
 
 TOKEN_BUCKETS = (16, 32, 64, 128)
@@ -36,7 +36,7 @@ SEQUENCE_BUCKETS = (2, 4, 8)           # padding included: up to 7 real pieces
 MAX_TOKENS = TOKEN_BUCKETS[-1]
 
 
-class PrefillGraphs:
+class PrefillGraphs(BucketGraphs):
     def __init__(self, model: torch.nn.Module, decode_graphs: DecodeGraphs, conv_kernel: int | None = None):
         """`decode_graphs` lends its cache, scratch page, slot resource and scratch slot;
         `conv_kernel`: the recurrent layers' conv width (hybrid models)."""
@@ -61,10 +61,7 @@ class PrefillGraphs:
         self.host_ints = torch.zeros(sum(self._int_fields.values()), dtype=torch.int32, **pinned)
         self.device_longs = torch.zeros_like(self.host_longs, device=self.device)
         self.device_ints = torch.zeros_like(self.host_ints, device=self.device)
-        self.views: dict[tuple[int, int], object] = {}     # bucket -> its resource view (CUDA: while capturing)
-        self.commit_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
-        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        self._last_bucket: tuple[int, int] | None = None
+        self._init_graphs()
         self._host_layout: tuple[list[int], list[int], list[list[int]]] | None = None   # CPU path only
         self.replays = 0   # counter for tests and the bench
 
@@ -112,23 +109,12 @@ class PrefillGraphs:
 
     @torch.inference_mode()
     def capture(self) -> None:
-        if not self.on_cuda:
-            return
-        then = self._capture_commit if self.slot_resource is not None and self.slot_resource.writes_back else None
-        self.graphs = capture_per_bucket(self.device, self.buckets, self._forward, warmups=2, then=then,
-                                         prepare=self._prepare_capture)
+        self._capture(prepare=self._prepare_capture)
 
     def _prepare_capture(self, bucket) -> None:
         # a valid layout for the warm-up runs and the capture: the bucket as padding alone
         self._fill(bucket, [], [], [], [], [], [], [])
         self._copy_layout()
-
-    def _capture_commit(self, bucket, pool, stream) -> None:
-        commit = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(commit, pool=pool, stream=stream):
-            self.slot_resource.commit_view(self.views[bucket])
-        self.commit_graphs[bucket] = commit
-        del self.views[bucket]   # one bucket's outputs are pending at a time: the pool reuses them
 
     # ------------------------------------------------------------ a step
 
@@ -192,18 +178,5 @@ class PrefillGraphs:
         bucket = self.bucket_for(query_lens, [len(p) for p in page_tables])
         self._fill(bucket, input_ids, positions, kv_slots, context_lens, query_lens, page_tables, row_slots)
         self._copy_layout()
-        self._last_bucket = bucket
         self.replays += 1
-        count = len(query_lens)
-        if not self.on_cuda:
-            return self._forward(bucket)[:count]
-        graph, logits = self.graphs[bucket]
-        graph.replay()
-        return logits[:count]
-
-    def commit_states(self) -> None:
-        """Write what the last run computed into the slot resource (padding: the scratch slot)."""
-        if self.on_cuda:
-            self.commit_graphs[self._last_bucket].replay()
-        else:
-            self.slot_resource.commit_view(self.views[self._last_bucket])
+        return self._replay(bucket, len(query_lens))
