@@ -64,6 +64,7 @@ class PrefillGraphs(BucketGraphs):
         self._init_graphs()
         self._host_layout: tuple[list[int], list[int], list[list[int]]] | None = None   # CPU path only
         self.replays = 0   # counter for tests and the bench
+        self._copied = torch.cuda.Event() if self.on_cuda else None   # the last layout copy
 
     # ------------------------------------------------------------ buffers
 
@@ -170,12 +171,18 @@ class PrefillGraphs(BucketGraphs):
     def _copy_layout(self) -> None:
         self.device_longs.copy_(self.host_longs, non_blocking=self.on_cuda)
         self.device_ints.copy_(self.host_ints, non_blocking=self.on_cuda)
+        if self.on_cuda:
+            self._copied.record()
 
     def run(self, input_ids: list[int], positions: list[int], kv_slots: list[int], context_lens: list[int],
             query_lens: list[int], page_tables: list[list[int]], row_slots: list[int] | None = None) -> torch.Tensor:
         """Logits [len(query_lens), vocab] at each piece's last token. The pieces must fit a
         bucket (`bucket_for`)."""
         bucket = self.bucket_for(query_lens, [len(p) for p in page_tables])
+        if self.on_cuda:
+            # the staging buffers are reused: the last copy out of them must be done (a step
+            # of prefill chunks alone samples nothing, so nothing else waited for it)
+            self._copied.synchronize()
         self._fill(bucket, input_ids, positions, kv_slots, context_lens, query_lens, page_tables, row_slots)
         self._copy_layout()
         self.replays += 1
