@@ -23,8 +23,8 @@ otherwise it is dropped, and so is every row the runtime no longer asks for (a s
 stream): nothing computed past a stop ever reaches the runtime. A dropped guess costs
 GPU time, never correctness: its KV writes are for positions the real step writes again
 with the same values, or for pages already given back, which later owners overwrite
-before they read. State a step writes beside the KV cache (recurrent states) is
-committed only for the rows taken (`_lookahead_taken`).
+before they read. State a step writes beside the KV cache (recurrent states) goes to
+rows committed only when the runtime takes the step (`_commit_states`).
 """
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ class CausalLMExecutor(NodeExecutor):
         next_rows, sampled, device_tokens = self._forward_and_sample(calls, sequences, done, decode, eager)
 
         # Commit only after everything succeeded: a failed batch is retried call by call.
-        self._commit_states(bool(decode), bool(eager))
+        self._commit_states([call.stream.handle for call in calls])
         for call, sequence in zip(calls, sequences):
             sequence.num_computed += call.num_tokens
             self.cache.register_full_pages(call.stream.handle, sequence.token_ids, sequence.num_computed)
@@ -212,7 +212,6 @@ class CausalLMExecutor(NodeExecutor):
         if lookahead is not None:
             if guessed is not None:
                 self.lookahead_used += 1
-                self._lookahead_taken(guessed[2], len(lookahead.handles))
             else:
                 self.lookahead_dropped += 1
         to_sample, logits = (eager_done, []) if guessed is not None else (decode + eager_done, [])
@@ -240,25 +239,17 @@ class CausalLMExecutor(NodeExecutor):
             return []
         return decode
 
-    def _commit_states(self, graph_rows: bool, eager_rows: bool) -> None:
-        """Hook: state beside the KV cache that a step writes aside (hybrid models), from
-        its decode-graph part and its eager part."""
-
-    def _lookahead_taken(self, rows: list[int], num_rows: int) -> None:
-        """Hook: this step takes rows `rows` of the `num_rows` the look-ahead step computed
-        (fewer when streams stopped); the others' results are dropped."""
-
-    def _prefill_graph_ran(self) -> None:
-        """Hook: the eager part of this step ran as a prefill graph (hybrid models: its new
-        states wait in the graph's outputs)."""
+    def _commit_states(self, handles: list[int]) -> None:
+        """Hook: the step computed these streams' tokens and succeeded (hybrid models:
+        the state rows it wrote become the committed ones)."""
 
     def _eager_inputs(self, handles: list[int], query_lens: list[int]) -> tuple:
         """Hook: the model's inputs beyond ids, positions and attention in an eager pass
         (hybrid models: the rows' recurrent states)."""
         return ()
 
-    def _row_slots(self, handles: list[int]) -> list[int] | None:
-        """Hook: each row's slot in the decode graphs' slot resource (hybrid models: its state slot)."""
+    def _row_slots(self, handles: list[int]) -> list[tuple[int, ...]] | None:
+        """Hook: each row's slots in the graphs' slot resource (hybrid models: its state rows)."""
         return None
 
     def _can_look_ahead(self, calls, sequences) -> bool:
@@ -301,7 +292,6 @@ class CausalLMExecutor(NodeExecutor):
             kv_slots = [slot for h, c, n in zip(handles, context_lens, query_lens) for slot in self.cache.slots(h, c, c + n)]
             logits = self.prefill_graphs.run(input_ids, positions, kv_slots, context_lens, query_lens, tables,
                                              row_slots=self._row_slots(handles))
-            self._prefill_graph_ran()
             return logits if len(done) == len(calls) else logits[to_device(done, torch.long, self.device)]
         metadata = build_metadata(self.cache, handles, context_lens, query_lens, self.device)
         hidden = self.model(
@@ -386,9 +376,9 @@ class _Lookahead:
     device_tokens: torch.Tensor  # [rows] the greedy samples, on the device
     host_copy: "HostCopy"
 
-    def take(self, calls, sequences) -> tuple[list[int], torch.Tensor, list[int]] | None:
-        """The guessed samples for `calls` (on the host, on the device, and the rows they
-        come from), if every call is exactly what was guessed."""
+    def take(self, calls, sequences) -> tuple[list[int], torch.Tensor] | None:
+        """The guessed samples for `calls` (on the host and on the device), if every call is
+        exactly what was guessed."""
         row_of = {handle: row for row, handle in enumerate(self.handles)}
         rows = []
         for call, sequence in zip(calls, sequences):
@@ -400,6 +390,6 @@ class _Lookahead:
             rows.append(row)
         host = self.host_copy.wait()
         if rows == list(range(len(self.handles))):
-            return host, self.device_tokens, rows
+            return host, self.device_tokens
         index = to_device(rows, torch.long, self.device_tokens.device)
-        return [host[row] for row in rows], self.device_tokens.index_select(0, index), rows
+        return [host[row] for row in rows], self.device_tokens.index_select(0, index)

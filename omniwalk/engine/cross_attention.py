@@ -75,14 +75,14 @@ class CrossAttentionCache:
         if slot is not None:
             self._free.append(slot)
 
-    # as a decode graph's `SlotResource`: read-only during decode steps
-    writes_back = False
+    # as a decode graph's `SlotResource`: a row reads its slot, decode steps write nothing
+    slots_per_row = 1
 
-    def decode_view(self, slots: torch.Tensor) -> "CrossAttention":
-        return CrossAttention.for_decode_graph(self, slots)
+    def row_slots(self, handle: int) -> tuple[int]:
+        return (self.slot_of[handle],)
 
-    def commit_view(self, view: "CrossAttention") -> None:
-        pass
+    def decode_view(self, row_slots: torch.Tensor) -> "CrossAttention":
+        return CrossAttention.for_decode_graph(self, row_slots[0])
 
     def write(self, handles: list[int], keys: torch.Tensor, values: torch.Tensor) -> None:
         """keys/values: [num_layers, len(handles), source_len, num_heads, head_dim]."""

@@ -12,21 +12,22 @@ The graph covers the model forward and the LM head; sampling runs after it on th
 device, so one step costs one replay, the sampler's kernels and one copy to the host.
 
 A model with a per-sequence resource of fixed-size slots (`SlotResource`: a hybrid
-model's `StatePool`, Whisper's cross-attention cache) also gets each row's slot as an
-input buffer; padded rows use a scratch slot. A resource the step writes (recurrent
-states) keeps its new values in the graph's output tensors until the executor calls
-`commit_states`, once the step succeeded.
+model's `StatePool`, Whisper's cross-attention cache) also gets each row's slots as an
+input buffer (cross-attention: the slot it reads; recurrent state: the row it reads and
+the row it writes, committed by the executor once the step succeeded); padded rows use a
+scratch slot.
 
 On a CPU nothing is captured: `run` computes the same forward eagerly from the same
-buffers, so everything built on decode graphs (the look-ahead step, the state commit)
+buffers, so everything built on decode graphs (the look-ahead step, the state rows)
 runs in CI too. It brings no speed there, so CPU engines do not use it by default.
 """
 
 from __future__ import annotations
 
-import torch
-
 from typing import Any, Callable, Protocol
+
+import numpy as np
+import torch
 
 from omniwalk.engine.attention import AttentionMetadata, PagedAttention
 from omniwalk.engine.host_to_device import to_device
@@ -36,30 +37,29 @@ SCRATCH_SLOT_HANDLE = -1   # the handle holding the padded rows' slot
 
 
 class SlotResource(Protocol):
-    """A per-sequence resource of fixed-size slots that a decode step reads by slot."""
+    """A per-sequence resource of fixed-size slots that a step reads (and may write) by slot."""
 
-    writes_back: bool   # does a step write new values (committed after it succeeded)?
+    slots_per_row: int   # slot indices per batch row: 1 (read) or 2 (read, write)
 
     def allocate(self, handle: int) -> int: ...
 
-    def decode_view(self, slots: torch.Tensor) -> Any:
-        """The model's extra input for a decode batch whose rows use `slots` (a static
-        buffer: the view reads whatever it holds when the graph replays)."""
+    def row_slots(self, handle: int) -> tuple[int, ...]:
+        """The `slots_per_row` indices of `handle`'s row in the next step."""
 
-    def commit_view(self, view: Any) -> None:
-        """Write what the view's step computed into the slots (if `writes_back`)."""
+    def decode_view(self, row_slots: torch.Tensor) -> Any:
+        """The model's extra input for a decode batch whose rows use `row_slots`
+        [slots_per_row, batch] (a static buffer: the view reads whatever it holds when
+        the graph replays)."""
 
-    # for `PrefillGraphs` (hybrid models' state pool): prefill_view(slots, ragged) -> Any,
+    # for `PrefillGraphs` (hybrid models' state pool): prefill_view(row_slots, ragged) -> Any,
     # the input of a ragged batch whose layout (`RaggedLengths`) lives in static buffers
 
 
 def capture_per_bucket(device: torch.device, buckets: list, forward: Callable[[Any], torch.Tensor],
-                       warmups: int = 1, then: Callable[[Any, Any, Any], None] | None = None,
-                       prepare: Callable[[Any], None] | None = None) -> dict:
+                       warmups: int = 1, prepare: Callable[[Any], None] | None = None) -> dict:
     """One CUDA graph of `forward(bucket)` per bucket, largest first, all sharing one memory
     pool (a smaller graph reuses the larger ones' memory). `prepare(bucket)` may fill input
-    buffers before a bucket's warm-up; `then(bucket, pool, stream)` may capture more graphs
-    into the pool after each. Returns bucket -> (graph, its output)."""
+    buffers before a bucket's warm-up. Returns bucket -> (graph, its output)."""
     graphs, pool = {}, None
     stream = torch.cuda.Stream(device)
     stream.wait_stream(torch.cuda.current_stream(device))
@@ -74,8 +74,6 @@ def capture_per_bucket(device: torch.device, buckets: list, forward: Callable[[A
                 output = forward(batch)
             pool = graph.pool()
             graphs[batch] = (graph, output)
-            if then is not None:
-                then(batch, pool, stream)
     torch.cuda.current_stream(device).wait_stream(stream)
     torch.cuda.synchronize(device)
     return graphs
@@ -89,52 +87,26 @@ def batch_buckets(max_batch_size: int) -> list[int]:
 
 class BucketGraphs:
     """What `DecodeGraphs` and `PrefillGraphs` share: one graph of `_forward(bucket)` per
-    bucket, and a slot resource's new states held in the graph's outputs until
-    `commit_states` (on a CPU: the forward run eagerly, nothing captured). A subclass sets
-    `device`, `on_cuda`, `buckets`, `slot_resource` and calls `_init_graphs()`."""
+    bucket, replayed with its inputs in static buffers (on a CPU: the forward run eagerly,
+    nothing captured). A subclass sets `device`, `on_cuda`, `buckets` and calls `_init_graphs()`."""
 
     def _init_graphs(self) -> None:
         self.graphs: dict[Any, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        self.views: dict[Any, Any] = {}      # bucket -> its resource view (on CUDA: only while capturing)
-        self.commit_graphs: dict[Any, torch.cuda.CUDAGraph] = {}      # bucket -> its view's commit
-        self._last_bucket = None
 
     def _forward(self, bucket) -> torch.Tensor:
         raise NotImplementedError
 
     def _capture(self, prepare: Callable[[Any], None] | None = None) -> None:
-        if not self.on_cuda:
-            return
-        then = self._capture_commit if self.slot_resource is not None and self.slot_resource.writes_back else None
-        self.graphs = capture_per_bucket(self.device, self.buckets, self._forward, warmups=2, then=then,
-                                         prepare=prepare)
-
-    def _capture_commit(self, bucket, pool, stream) -> None:
-        commit = torch.cuda.CUDAGraph()   # one replay, not two launches per layer
-        with torch.cuda.graph(commit, pool=pool, stream=stream):
-            self.slot_resource.commit_view(self.views[bucket])
-        self.commit_graphs[bucket] = commit
-        # Its new states go back to the pool, for the smaller buckets' captures to reuse:
-        # a step commits before the next replay, so one bucket's outputs are pending at a
-        # time. Kept, every bucket would hold its own (Qwen3.5-0.8B, decode buckets up to
-        # 128: 591 rows of 18 MiB = 10.6 GiB that the KV cache sizing never saw).
-        del self.views[bucket]
+        if self.on_cuda:
+            self.graphs = capture_per_bucket(self.device, self.buckets, self._forward, warmups=2, prepare=prepare)
 
     def _replay(self, bucket, count: int) -> torch.Tensor:
         """The first `count` rows of the bucket's output, its inputs already in the buffers."""
-        self._last_bucket = bucket
         if not self.on_cuda:
             return self._forward(bucket)[:count]
         graph, output = self.graphs[bucket]
         graph.replay()
         return output[:count]
-
-    def commit_states(self) -> None:
-        """Write what the last replay computed into the slot resource (padding: the scratch slot)."""
-        if self.on_cuda:
-            self.commit_graphs[self._last_bucket].replay()
-        else:
-            self.slot_resource.commit_view(self.views[self._last_bucket])
 
 
 class DecodeGraphs(BucketGraphs):
@@ -157,13 +129,15 @@ class DecodeGraphs(BucketGraphs):
         self.page_table = torch.full((size, self.max_pages), self.scratch_page, dtype=torch.int32, **on)
         self.slot_resource = slot_resource
         self._init_graphs()
+        self.slot_columns = slot_resource.slots_per_row if slot_resource is not None else 0
         if slot_resource is not None:
-            self.scratch_slot = slot_resource.allocate(SCRATCH_SLOT_HANDLE)   # owned by no sequence, ever
-            self.row_slots = torch.full((size,), self.scratch_slot, dtype=torch.long, **on)
+            slot_resource.allocate(SCRATCH_SLOT_HANDLE)   # owned by no sequence, ever
+            self.scratch_row_slots = slot_resource.row_slots(SCRATCH_SLOT_HANDLE)
+            self.row_slots = torch.tensor(self.scratch_row_slots, dtype=torch.long, **on)[:, None].repeat(1, size)
         self.on_cuda = self.device.type == "cuda"
         pinned = dict(pin_memory=self.on_cuda)
-        # pinned staging: [ids; positions; KV slots; resource slots] and [context_len, page table...]
-        self.host_longs = torch.zeros(4, size, dtype=torch.long, **pinned)
+        # pinned staging: [ids; positions; KV slots; resource slots...] and [context_len, page table...]
+        self.host_longs = torch.zeros(3 + self.slot_columns, size, dtype=torch.long, **pinned)
         self.host_ints = torch.zeros(size, 1 + self.max_pages, dtype=torch.int32, **pinned)
         # two pinned buffers for look-ahead copies: one in flight while the other is read
         self._copy_slots = [torch.zeros(size, dtype=torch.long, **pinned) for _ in range(2)]
@@ -177,8 +151,7 @@ class DecodeGraphs(BucketGraphs):
         )
         inputs = (self.input_ids[:batch], self.positions[:batch], PagedAttention(self.cache, meta))
         if self.slot_resource is not None:
-            self.views[batch] = self.slot_resource.decode_view(self.row_slots[:batch])
-            inputs += (self.views[batch],)
+            inputs += (self.slot_resource.decode_view(self.row_slots[:, :batch]),)
         hidden = self.model(*inputs)
         return self.model.compute_logits(hidden)   # [batch, vocab] fp32
 
@@ -191,12 +164,12 @@ class DecodeGraphs(BucketGraphs):
 
     def run(self, input_ids: list[int] | torch.Tensor, positions: list[int], slots: list[int],
             context_lens: list[int], page_tables: list[list[int]],
-            row_slots: list[int] | None = None) -> torch.Tensor:
+            row_slots: list[tuple[int, ...]] | None = None) -> torch.Tensor:
         """Logits [n, vocab] of one decode step of n sequences.
 
         `input_ids` may be a device tensor (the previous step's samples): then the step
         is launched without the host ever seeing the tokens. `row_slots`: each row's
-        slot in the slot resource (if any)."""
+        slots in the slot resource (if any: `SlotResource.row_slots`)."""
         n = len(positions)
         batch = next(b for b in self.buckets if b >= n)
         longs = self.host_longs.numpy()
@@ -215,9 +188,9 @@ class DecodeGraphs(BucketGraphs):
             ints[row, 1 : 1 + len(table)] = table
         ints[n:batch, 1] = self.scratch_page
         if self.slot_resource is not None:
-            longs[3, :n] = row_slots
-            longs[3, n:batch] = self.scratch_slot
-            self.row_slots[:batch].copy_(self.host_longs[3, :batch], non_blocking=True)
+            longs[3:, :n] = np.asarray(row_slots, dtype=np.int64).reshape(n, -1).T
+            longs[3:, n:batch] = np.asarray(self.scratch_row_slots, dtype=np.int64)[:, None]
+            self.row_slots[:, :batch].copy_(self.host_longs[3:, :batch], non_blocking=True)
         if on_device:
             self.input_ids[:n].copy_(input_ids)
             self.input_ids[n:batch].zero_()
@@ -228,13 +201,6 @@ class DecodeGraphs(BucketGraphs):
         self.context_lens[:batch].copy_(self.host_ints[:batch, 0], non_blocking=True)
         self.page_table[:batch, :width].copy_(self.host_ints[:batch, 1 : 1 + width], non_blocking=True)
         return self._replay(batch, n)
-
-    def commit_rows_only(self, rows: list[int]) -> None:
-        """Make the next `commit_states` write only `rows` of the last replay: the others
-        are pointed at the scratch slot (the commit reads the slot buffer when it runs)."""
-        dropped = sorted(set(range(self._last_bucket)) - set(rows))
-        if dropped:
-            self.row_slots[to_device(dropped, torch.long, self.device)] = self.scratch_slot
 
     def copy_to_host(self, tokens: torch.Tensor) -> "HostCopy":
         """Start copying `tokens` [n] to pinned host memory; `wait()` returns them as a list."""

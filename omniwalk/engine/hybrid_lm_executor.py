@@ -15,13 +15,13 @@ Chunked prefill carries the state from chunk to chunk through the slot. Preempti
 the pages and the slot and recomputes from token 0, from an empty state. Prefix caching
 stays off for hybrid models (see `omniwalk.engine.state_pool`): the cache must have it off.
 
-A forward pass reads the slots, computes new states aside (`StateBatch`), and writes them
-back only once the whole step (forward and sampling) succeeded, so a failed batch leaves
-every stream's state as it was, as the `NodeExecutor` contract asks. A decode step that
-replays a CUDA graph leaves its new states in the graph's output tensors until the same
-commit point (`DecodeGraphs.commit_states`); of a look-ahead step (see `CausalLMExecutor`)
-only the rows the runtime takes are committed (the others write the scratch slot), so a
-dropped guess never reaches the pool.
+A forward pass (eager, or a decode or prefill graph's replay) reads each stream's
+committed state row and writes its new state to the slot's other row (`StatePool.rows`);
+the written rows become the committed ones only once the whole step (forward and
+sampling) succeeded (`StatePool.commit`), so a failed batch leaves every stream's state as
+it was, as the `NodeExecutor` contract asks. A look-ahead step (see `CausalLMExecutor`)
+is committed by the step that takes it, and only for the streams that step computes: a
+dropped guess, or a row of a stream that stopped, never becomes a committed state.
 """
 
 from __future__ import annotations
@@ -48,7 +48,6 @@ class HybridLMExecutor(CausalLMExecutor):
             raise ValueError("the decode graphs must read and write this executor's state pool")
         super().__init__(model, cache, max_batch_size, decode_graphs=decode_graphs, prefill_graphs=prefill_graphs)
         self.state_pool = state_pool
-        self._commit_eager = None   # writes the eager part's new states (a StateBatch's or a prefill graph's)
 
     # ------------------------------------------------------------ resources
 
@@ -75,27 +74,13 @@ class HybridLMExecutor(CausalLMExecutor):
     # ------------------------------------------------------------ the step
 
     # The base step forwards (`_forward_eager` below, or a decode graph), samples, then
-    # commits; if it raises first, the new states are simply dropped.
+    # commits; if it raises first, the written rows are never committed.
 
-    def _commit_states(self, graph_rows: bool, eager_rows: bool) -> None:
-        if graph_rows:
-            self.decode_graphs.commit_states()
-        if eager_rows:
-            self._commit_eager()
-            self._commit_eager = None
+    def _commit_states(self, handles: list[int]) -> None:
+        self.state_pool.commit(handles)
 
-    def _lookahead_taken(self, rows: list[int], num_rows: int) -> None:
-        # A stopped stream's row must not commit: its slot may already be another stream's.
-        if len(rows) < num_rows:
-            self.decode_graphs.commit_rows_only(rows)
-
-    def _row_slots(self, handles: list[int]) -> list[int]:
-        return [self.state_pool.slots[h] for h in handles]
-
-    def _prefill_graph_ran(self) -> None:
-        self._commit_eager = self.prefill_graphs.commit_states
+    def _row_slots(self, handles: list[int]) -> list[tuple[int, int]]:
+        return [self.state_pool.rows(h) for h in handles]
 
     def _eager_inputs(self, handles: list[int], query_lens: list[int]) -> tuple:
-        states = StateBatch(self.state_pool, [self.state_pool.slots[h] for h in handles], query_lens)
-        self._commit_eager = states.commit
-        return (states,)
+        return (StateBatch(self.state_pool, self._row_slots(handles), query_lens),)

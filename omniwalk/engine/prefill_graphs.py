@@ -13,13 +13,13 @@ shapes depend on the bucket alone, so it can be captured once and replayed:
 The real pieces come first; padding sequences (at least one token each) take the rest,
 with the scratch page for their keys/values and the scratch slot for their state (both
 owned by no sequence, shared with the decode graphs), so what they compute lands where
-nobody reads. A slot resource's new states stay in the graph's outputs until
-`commit_states`, as in `DecodeGraphs`. Buckets hold pieces of at most `MAX_TOKENS`
-tokens in all, so every piece is short: a hybrid model's recurrent layers take their
-one-launch kernel.
+nobody reads. As in `DecodeGraphs`, each piece's state rows (read, write) are inputs; the
+executor commits them once the step succeeded. Buckets hold pieces of at most
+`MAX_TOKENS` tokens in all, so every piece is short: a hybrid model's recurrent layers
+take their one-launch kernel.
 
 On a CPU nothing is captured and `run` computes the padded batch eagerly from the same
-buffers, so CI runs the padding, the buffers and the commit.
+buffers, so CI runs the padding and the buffers.
 """
 
 from __future__ import annotations
@@ -46,14 +46,15 @@ class PrefillGraphs(BucketGraphs):
         self.on_cuda = decode_graphs.on_cuda
         self.scratch_page = decode_graphs.scratch_page
         self.slot_resource = decode_graphs.slot_resource
-        self.scratch_slot = getattr(decode_graphs, "scratch_slot", None)
+        self.scratch_row_slots = getattr(decode_graphs, "scratch_row_slots", None)
+        columns = decode_graphs.slot_columns
         self.max_pages = decode_graphs.max_pages
         self.conv_kernel = conv_kernel or 1
         self.buckets = sorted((t, n) for t in TOKEN_BUCKETS for n in SEQUENCE_BUCKETS)
         tokens, seqs, kernel = MAX_TOKENS, SEQUENCE_BUCKETS[-1], self.conv_kernel
         # one long and one int32 buffer, staged through pinned memory in one copy each
         self._long_fields = {"input_ids": tokens, "positions": tokens, "kv_slots": tokens, "ends": seqs,
-                             "row_slots": seqs, "cu_seqlens": seqs + 1, "conv_gather": tokens * kernel,
+                             "row_slots": columns * seqs, "cu_seqlens": seqs + 1, "conv_gather": tokens * kernel,
                              "conv_state": seqs * (kernel - 1)}
         self._int_fields = {"query_start": seqs + 1, "context_lens": seqs, "page_table": seqs * self.max_pages}
         pinned = dict(pin_memory=self.on_cuda)
@@ -103,8 +104,8 @@ class PrefillGraphs(BucketGraphs):
                 self._longs("conv_gather")[: tokens * kernel].view(tokens, kernel),
                 self._longs("conv_state")[: seqs * (kernel - 1)].view(seqs, kernel - 1),
                 max_len=tokens, lengths=query_lens)
-            self.views[bucket] = self.slot_resource.prefill_view(self._longs("row_slots")[:seqs], ragged)
-            inputs += (self.views[bucket],)
+            row_slots = self._longs("row_slots").view(-1, SEQUENCE_BUCKETS[-1])[:, :seqs]
+            inputs += (self.slot_resource.prefill_view(row_slots, ragged),)
         hidden = self.model(*inputs)
         return self.model.compute_logits(hidden.index_select(0, self._longs("ends")[:seqs]))   # [seqs, vocab] fp32
 
@@ -158,8 +159,10 @@ class PrefillGraphs(BucketGraphs):
         for row, pages in enumerate(page_tables):
             table[row, : len(pages)] = pages
         if self.slot_resource is not None:
-            longs["row_slots"][:count] = row_slots
-            longs["row_slots"][count:seqs] = self.scratch_slot
+            columns = longs["row_slots"].reshape(-1, SEQUENCE_BUCKETS[-1])     # [slots_per_row, max sequences]
+            if count:
+                columns[:, :count] = np.asarray(row_slots, dtype=np.int64).reshape(count, -1).T
+            columns[:, count:seqs] = np.asarray(self.scratch_row_slots, dtype=np.int64)[:, None]
             kernel = self.conv_kernel
             gather, state = conv_window_indices(lengths, kernel)
             longs["conv_gather"][: tokens * kernel] = gather.reshape(-1)
@@ -175,7 +178,8 @@ class PrefillGraphs(BucketGraphs):
             self._copied.record()
 
     def run(self, input_ids: list[int], positions: list[int], kv_slots: list[int], context_lens: list[int],
-            query_lens: list[int], page_tables: list[list[int]], row_slots: list[int] | None = None) -> torch.Tensor:
+            query_lens: list[int], page_tables: list[list[int]],
+            row_slots: list[tuple[int, ...]] | None = None) -> torch.Tensor:
         """Logits [len(query_lens), vocab] at each piece's last token. The pieces must fit a
         bucket (`bucket_for`)."""
         bucket = self.bucket_for(query_lens, [len(p) for p in page_tables])

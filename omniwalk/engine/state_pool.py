@@ -2,12 +2,18 @@
 
 A Gated DeltaNet (or Mamba) layer summarizes a sequence's whole past in a state of fixed
 size, unlike attention, whose KV cache grows a page at a time. Per recurrent layer a
-slot holds the short-convolution state and the recurrent state:
+slot holds the short-convolution state and the recurrent state, each twice: the committed
+state, and room for the state a running step computes (double buffering):
 
-    conv:       [num_layers, num_slots, conv_dim, conv_kernel - 1]       model dtype
-    recurrent:  [num_layers, num_slots, heads, key_dim, value_dim]        fp32
+    conv:       [num_layers, 2 * num_slots, conv_dim, conv_kernel - 1]     model dtype
+    recurrent:  [num_layers, 2 * num_slots, heads, key_dim, value_dim]      fp32
 
-    handle 7 -> slot 2:   conv[:, 2], recurrent[:, 2]   (every recurrent layer)
+    handle 7 -> slot 2 -> rows 4 and 5:   committed in row 4 + parity, the next step's in the other
+
+A step reads each sequence's committed row and writes the other one in place (`StateRows`:
+no gathered copies, no copy back); `commit(handles)` after the step succeeded flips the
+parity of the sequences it computed, on the host. A step that fails, or a look-ahead step
+the runtime drops, is simply never committed: the committed rows were never written.
 
 A slot is taken the first time a sequence runs and given back when it ends or is
 preempted; a newly taken slot holds the empty state (zeros), so a preempted sequence
@@ -25,10 +31,12 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from omniwalk.engine.host_to_device import to_device
 from omniwalk.layers.ragged import RaggedLengths
+from omniwalk.layers.state_rows import StateRows
 
 
 @dataclass(frozen=True)
@@ -49,26 +57,32 @@ class StatePoolShape:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
     def bytes_per_slot(self, dtype: torch.dtype) -> int:
+        """Both rows of a slot (committed and next), every layer."""
         conv = self.conv_dim * (self.conv_kernel - 1) * torch.tensor([], dtype=dtype).element_size()
         recurrent = self.num_heads * self.key_dim * self.value_dim * 4
-        return self.num_layers * (conv + recurrent)
+        return 2 * self.num_layers * (conv + recurrent)
 
 
 class StatePool:
     """State slots of one node's sequences, keyed by integer handles chosen by the caller.
 
-    Check with `can_allocate`, then `allocate`; `free` at release or preemption.
+    Check with `can_allocate`, then `allocate`; `free` at release or preemption. A step
+    reads and writes the rows `rows(handle)` names; `commit` once it succeeded.
     """
+
+    slots_per_row = 2   # as a graph's `SlotResource`: a row reads one pool row and writes another
 
     def __init__(self, shape: StatePoolShape, dtype: torch.dtype, device: torch.device | str):
         self.shape = shape
         s = shape
-        self.conv = torch.zeros((s.num_layers, s.num_slots, s.conv_dim, s.conv_kernel - 1), dtype=dtype, device=device)
+        rows = 2 * s.num_slots
+        self.conv = torch.zeros((s.num_layers, rows, s.conv_dim, s.conv_kernel - 1), dtype=dtype, device=device)
         # fp32 whatever the model dtype: the state accumulates over the whole sequence
-        self.recurrent = torch.zeros((s.num_layers, s.num_slots, s.num_heads, s.key_dim, s.value_dim),
+        self.recurrent = torch.zeros((s.num_layers, rows, s.num_heads, s.key_dim, s.value_dim),
                                      dtype=torch.float32, device=device)
         self._free = list(range(s.num_slots - 1, -1, -1))   # pop from the end: low slots first
         self.slots: dict[int, int] = {}                     # handle -> slot
+        self._parity = [0] * s.num_slots                    # slot -> which of its rows is committed
 
     @property
     def num_slots(self) -> int:
@@ -91,8 +105,11 @@ class StatePool:
         if not self._free:
             raise RuntimeError("no free state slot")
         slot = self._free.pop()
-        self.conv[:, slot].zero_()
-        self.recurrent[:, slot].zero_()
+        # Queued after any step still running on the device: a look-ahead step launched for
+        # the slot's last owner writes its rows before they are cleared.
+        self.conv[:, 2 * slot : 2 * slot + 2].zero_()
+        self.recurrent[:, 2 * slot : 2 * slot + 2].zero_()
+        self._parity[slot] = 0
         self.slots[handle] = slot
         return slot
 
@@ -101,55 +118,61 @@ class StatePool:
         if slot is not None:
             self._free.append(slot)
 
-    # as a decode graph's `SlotResource`: a step writes new states, committed after it
-    writes_back = True
+    def rows(self, handle: int) -> tuple[int, int]:
+        """(the row holding `handle`'s committed state, the row its next step writes)."""
+        slot = self.slots[handle]
+        committed = 2 * slot + self._parity[slot]
+        return committed, committed ^ 1
 
-    def decode_view(self, slots: torch.Tensor) -> "StateBatch":
-        return StateBatch.for_graph(self, slots)
+    def commit(self, handles: list[int]) -> None:
+        """The step that just ran for these handles succeeded: their written rows become
+        the committed ones."""
+        for handle in handles:
+            self._parity[self.slots[handle]] ^= 1
 
-    def prefill_view(self, slots: torch.Tensor, ragged: RaggedLengths) -> "StateBatch":
-        return StateBatch.for_graph(self, slots, ragged)
+    # as a graph's `SlotResource`
+    def row_slots(self, handle: int) -> tuple[int, int]:
+        return self.rows(handle)
 
-    def commit_view(self, view: "StateBatch") -> None:
-        view.commit()
+    def decode_view(self, row_slots: torch.Tensor) -> "StateBatch":
+        return StateBatch.for_graph(self, row_slots)
+
+    def prefill_view(self, row_slots: torch.Tensor, ragged: RaggedLengths) -> "StateBatch":
+        return StateBatch.for_graph(self, row_slots, ragged)
 
 
 class StateBatch:
-    """The recurrent states of one forward pass over a ragged batch.
-
-    Layers read their sequences' states, and hand back new ones; nothing reaches the pool
-    until `commit`, so a pass that raises leaves every sequence's state as it was (the
-    runtime then retries its calls one by one). Sequence b owns rows [start_b, start_b +
-    query_lens[b]) of the flat token dimension (`ragged`: that layout as the recurrent
-    layers' kernels take it):
+    """The recurrent states of one forward pass over a ragged batch: which pool rows each
+    sequence reads and writes (`StatePool.rows`), and its tokens. Sequence b owns rows
+    [start_b, start_b + query_lens[b]) of the flat token dimension (`ragged`: that layout as
+    the recurrent layers' kernels take it):
 
         flat tokens:  [ seq0: 5 prefill tokens | seq1: 1 decode token | seq2: 3 chunk tokens ]
         all_decode:   False        (True: one token per sequence, one batched recurrent step)
     """
 
-    def __init__(self, pool: StatePool, slots: list[int], query_lens: list[int]):
+    def __init__(self, pool: StatePool, rows: list[tuple[int, int]], query_lens: list[int]):
         self.pool = pool
         self.query_lens = list(query_lens)
-        # a queued copy: `torch.tensor(..., device="cuda")` would wait for the GPU, which is
-        # still running this step's decode graph when a prefill's pass is being launched
-        self.slot_index = to_device(slots, torch.long, pool.conv.device)
+        # one queued copy: `torch.tensor(..., device="cuda")` would wait for the GPU, which
+        # is still running this step's decode graph when a prefill's pass is being launched
+        self.row_slots = to_device(np.asarray(rows, dtype=np.int64).reshape(-1, 2).T.copy(), torch.long,
+                                   pool.conv.device)
         self.all_decode = all(n == 1 for n in self.query_lens)
-        self._pending: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     @classmethod
-    def for_graph(cls, pool: StatePool, slot_index: torch.Tensor, ragged: RaggedLengths | None = None) -> "StateBatch":
-        """A CUDA graph's batch over `slot_index`, a static input buffer: the graph reads
-        the slots it holds at replay, and the states it writes stay in the graph's output
-        tensors until `commit`. Without `ragged`: a decode batch (one token per sequence);
-        with it, a ragged batch whose layout the graph's buffers hold."""
+    def for_graph(cls, pool: StatePool, row_slots: torch.Tensor, ragged: RaggedLengths | None = None) -> "StateBatch":
+        """A CUDA graph's batch over `row_slots` [2, sequences] (read rows; write rows), a
+        static input buffer: the graph reads and writes the rows it holds at replay.
+        Without `ragged`: a decode batch (one token per sequence); with it, a ragged batch
+        whose layout the graph's buffers hold."""
         batch = cls.__new__(cls)
         batch.pool = pool
         batch.query_lens = None
-        batch.slot_index = slot_index
+        batch.row_slots = row_slots
         batch.all_decode = ragged is None
         if ragged is not None:
             batch.__dict__["ragged"] = ragged
-        batch._pending = {}
         return batch
 
     @functools.cached_property
@@ -157,18 +180,10 @@ class StateBatch:
         """The batch's layout as the recurrent kernels take it, built once for all layers."""
         return RaggedLengths(self.query_lens, self.pool.conv.device, self.pool.shape.conv_kernel)
 
-    def read(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Copies of (conv [B, conv_dim, K-1], recurrent [B, heads, key_dim, value_dim]) of recurrent layer `layer`."""
-        return (self.pool.conv[layer].index_select(0, self.slot_index),
-                self.pool.recurrent[layer].index_select(0, self.slot_index))
+    def conv(self, layer: int) -> StateRows:
+        """Recurrent layer `layer`'s conv states: rows [conv_dim, kernel - 1]."""
+        return StateRows(self.pool.conv[layer], self.row_slots[0], self.row_slots[1])
 
-    def write(self, layer: int, conv: torch.Tensor, recurrent: torch.Tensor) -> None:
-        """The states after this pass (same shapes as `read`); kept aside until `commit`."""
-        self._pending[layer] = (conv, recurrent)
-
-    def commit(self) -> None:
-        """Write the new states into the pool (in a CUDA graph's batch, whatever slots its
-        buffer holds when the commit runs)."""
-        for layer, (conv, recurrent) in self._pending.items():
-            self.pool.conv[layer].index_copy_(0, self.slot_index, conv.to(self.pool.conv.dtype))
-            self.pool.recurrent[layer].index_copy_(0, self.slot_index, recurrent.float())
+    def recurrent(self, layer: int) -> StateRows:
+        """Recurrent layer `layer`'s recurrent states: rows [heads, key_dim, value_dim] fp32."""
+        return StateRows(self.pool.recurrent[layer], self.row_slots[0], self.row_slots[1])

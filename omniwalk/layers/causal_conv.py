@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from omniwalk.layers.fused_ops import triton, use_triton
+from omniwalk.layers.state_rows import StateRows
 
 if triton is not None:
     import triton.language as tl
@@ -60,7 +61,9 @@ def ragged_causal_conv1d(
     carried = state.shape[-1]
     rows = torch.cat([state.transpose(1, 2).reshape(-1, state.shape[1]).to(weight.dtype), x.to(weight.dtype)])
     windows = rows[conv_gather]                                    # [tokens, kernel, channels]
-    out = F.silu(torch.einsum("tkc,ck->tc", windows, weight))
+    # contiguous: einsum may hand back [tokens, channels] transposed, and the recurrent
+    # kernel reads each token's q | k | v as contiguous rows
+    out = F.silu(torch.einsum("tkc,ck->tc", windows, weight)).contiguous()
     new_state = rows[conv_state].transpose(1, 2).reshape(state.shape[0], state.shape[1], carried)
     return out.to(x.dtype), new_state.to(state.dtype)
 
@@ -68,44 +71,48 @@ def ragged_causal_conv1d(
 def causal_conv1d_decode(
     x: torch.Tensor,          # [batch, channels]: one new input per sequence
     weight: torch.Tensor,     # [channels, kernel_size]
-    state: torch.Tensor,      # [batch, channels, kernel_size - 1]
+    state: StateRows,         # pool [rows, channels, kernel_size - 1]
     parts: tuple[int, int, int] | None = None,
-) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """A decode step of `causal_conv1d` + SiLU: the outputs and the new state.
+) -> list[torch.Tensor]:
+    """A decode step of `causal_conv1d` + SiLU: returns the outputs, and writes each
+    sequence's new state to its `state.write` row.
 
     The outputs come as `parts` (channel counts summing to `channels`: Gated DeltaNet's
     q | k | v), each a contiguous [batch, part] tensor, or as one [batch, channels] tensor.
-    One kernel on CUDA instead of a concatenation, a convolution, the SiLU, the state
-    slice and the copies a kernel taking contiguous inputs would need; it rounds where the
-    torch version rounds (sum in fp32, then the weight dtype)."""
+    One kernel on CUDA instead of a gather, a concatenation, a convolution, the SiLU, the
+    state slice and the copy back; it rounds where the torch version rounds (sum in fp32,
+    then the weight dtype)."""
     batch, channels = x.shape
     parts = parts or (channels, 0, 0)
     if sum(parts) != channels:
         raise ValueError(f"parts {parts} do not add up to {channels} channels")
     if not use_triton(x):
-        out, new_state = causal_conv1d(x[:, None], weight, state)
+        out, new_state = causal_conv1d(x[:, None], weight, state.gather())
+        state.scatter(new_state)
         pieces = out[:, 0].split(list(parts), dim=-1)
-        return [piece.contiguous() for piece, width in zip(pieces, parts) if width], new_state
+        return [piece.contiguous() for piece, width in zip(pieces, parts) if width]
+    pool = state.pool
+    if pool.stride(2) != 1 or pool.stride(1) != pool.shape[2]:
+        raise ValueError("each conv state row must be contiguous")
     taps = weight.shape[1]
     out = torch.empty(batch * channels, dtype=x.dtype, device=x.device)   # part-major: all q, all k, all v
-    new_state = torch.empty(state.shape, dtype=state.dtype, device=state.device)
     block = min(256, triton.next_power_of_2(channels))
     _conv_decode_kernel[(batch, triton.cdiv(channels, block))](
-        x, weight, state, out, new_state, x.stride(0), weight.stride(0), state.stride(0), state.stride(1),
+        x, weight, pool, state.read, state.write, out, x.stride(0), weight.stride(0), pool.stride(0),
         channels, batch, parts[0], parts[0] + parts[1], TAPS=taps, BLOCK=block)
     outputs, start = [], 0
     for width in parts:
         if width:
             outputs.append(out[start : start + batch * width].view(batch, width))
             start += batch * width
-    return outputs, new_state
+    return outputs
 
 
 if triton is not None:
 
     @triton.jit
-    def _conv_decode_kernel(x_ptr, weight_ptr, state_ptr, out_ptr, new_state_ptr,
-                            stride_x, stride_weight, stride_state_row, stride_state_channel, channels,
+    def _conv_decode_kernel(x_ptr, weight_ptr, pool_ptr, read_ptr, write_ptr, out_ptr,
+                            stride_x, stride_weight, stride_row, channels,
                             batch, end_first, end_second, TAPS: tl.constexpr, BLOCK: tl.constexpr):
         row = tl.program_id(0)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -115,15 +122,15 @@ if triton is not None:
         # window = [state_0 .. state_{TAPS-2}, x]; output = silu(sum_j w_j * window_j)
         acc = tl.load(weight_ptr + cols * stride_weight + (TAPS - 1), mask=mask, other=0.0).to(tl.float32) \
             * x.to(w_dtype).to(tl.float32)
-        state_row = state_ptr + row * stride_state_row + cols * stride_state_channel
-        new_state_row = new_state_ptr + (row * channels + cols) * (TAPS - 1)
+        state_row = pool_ptr + tl.load(read_ptr + row) * stride_row + cols * (TAPS - 1)
+        new_state_row = pool_ptr + tl.load(write_ptr + row) * stride_row + cols * (TAPS - 1)
         for j in tl.static_range(TAPS - 1):
             s = tl.load(state_row + j, mask=mask, other=0.0)
             w = tl.load(weight_ptr + cols * stride_weight + j, mask=mask, other=0.0).to(tl.float32)
             acc += w * s.to(w_dtype).to(tl.float32)
             if j > 0:   # the state shifts left by one; x enters at the end
                 tl.store(new_state_row + (j - 1), s, mask=mask)
-        tl.store(new_state_row + (TAPS - 2), x.to(new_state_ptr.dtype.element_ty), mask=mask)
+        tl.store(new_state_row + (TAPS - 2), x.to(pool_ptr.dtype.element_ty), mask=mask)
         conv = acc.to(w_dtype).to(tl.float32)
         # part-major output: channel c of part p lands in part p's contiguous [batch, width] block
         dst = tl.where(cols < end_first, row * end_first + cols,

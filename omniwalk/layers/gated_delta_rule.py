@@ -16,11 +16,12 @@ Two CPU implementations in torch, both taking and returning the per-sequence sta
   step: inside a chunk the recurrence is solved as one triangular system, and only the
   chunk boundaries are sequential (derivation at `_chunk_scan`).
 
-On CUDA, with fla-core installed, `gated_delta_rule_decode` and `gated_delta_rule_varlen`
-(what the model calls) run fla's Triton kernels instead: its fused recurrent kernel for a
-decode step (CUDA-graph safe), and over a ragged batch (`cu_seqlens`) the same kernel
-for short pieces or its chunked kernel for long ones; the torch functions stay the
-reference and the CPU path. Shapes follow transformers / fla: [batch, seq_len, heads, dim], with
+What the model calls, `gated_delta_rule_decode` and `gated_delta_rule_varlen`, reads each
+sequence's state from a pool row and writes the new one to another (`StateRows`). On CUDA
+a decode step and a ragged batch of short pieces run omniwalk's fused recurrent Triton
+kernel (`gated_delta_rule_triton`: in place in the pool, CUDA-graph safe); a ragged batch
+with a long piece runs fla-core's chunked kernel; the torch functions stay the reference
+and the CPU path. Shapes follow transformers / fla: [batch, seq_len, heads, dim], with
 num_value_heads a multiple of num_key_heads (a key head serves consecutive value heads).
 """
 
@@ -32,7 +33,10 @@ import logging
 import torch
 import torch.nn.functional as F
 
+from omniwalk.layers.fused_ops import use_triton
+from omniwalk.layers.gated_delta_rule_triton import fused_recurrent_gated_delta_rule
 from omniwalk.layers.ragged import RaggedLengths
+from omniwalk.layers.state_rows import StateRows
 
 CHUNK_SIZE = 64
 
@@ -46,8 +50,8 @@ def fla_kernels():
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule as chunk
         from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as fused_recurrent
     except ImportError:
-        logger.warning("fla-core is not installed: the gated delta rule runs in torch on CUDA "
-                       "(slow; `pip install fla-core` for its Triton kernels)")
+        logger.warning("fla-core is not installed: long prefills run the gated delta rule in torch "
+                       "on CUDA (slow; `pip install fla-core` for its chunked Triton kernel)")
         return None
     return fused_recurrent, chunk
 
@@ -62,66 +66,61 @@ def gdn_gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: to
     return -A_log.float().exp() * F.softplus(a.float() + dt_bias), b.sigmoid()
 
 
-def gated_delta_rule_decode(q, k, v, a, b, A_log, dt_bias, state) -> tuple[torch.Tensor, torch.Tensor]:
-    """One new token per sequence: q, k [batch, 1, key_heads, key_dim], v [batch, 1, value_heads,
-    value_dim], the gate inputs a, b [batch, 1, value_heads] (see `gdn_gates`), state [batch,
-    value_heads, key_dim, value_dim]. Returns the output [batch, 1, value_heads, value_dim]
-    and the new state (fp32)."""
-    if _use_fla(q):
-        fused_recurrent, _ = fla_kernels()
-        # the gates are computed inside the kernel: six elementwise kernels fewer per layer
-        return fused_recurrent(q, k, v, g=a, beta=b, initial_state=state.float(), output_final_state=True,
-                               use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=A_log,
-                               dt_bias=dt_bias, use_beta_sigmoid_in_kernel=True)
+def gated_delta_rule_decode(q, k, v, a, b, A_log, dt_bias, state: StateRows) -> torch.Tensor:
+    """One new token per sequence: q, k [batch, key_heads, key_dim], v [batch, value_heads,
+    value_dim], the gate inputs a, b [batch, value_heads] (see `gdn_gates`), each sequence's
+    state [value_heads, key_dim, value_dim] at its `state.read` row. Returns the output
+    [batch, value_heads, value_dim]; the new states go to the `state.write` rows."""
+    if use_triton(q):
+        return fused_recurrent_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, state)
     g, beta = gdn_gates(a, b, A_log, dt_bias)
-    return recurrent_gated_delta_rule(q, k, v, g, beta, state)
+    out, new_state = recurrent_gated_delta_rule(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None],
+                                                state.gather())
+    state.scatter(new_state)
+    return out[:, 0]
 
 
 # Longest piece that the fused recurrent kernel takes in a ragged batch; longer ones go to
-# the chunked kernel. The recurrent kernel is one launch per layer but walks the tokens one
-# by one; the chunked one is parallel over chunks but about fifteen launches and ~1.3 ms of
-# host time per layer in fla 0.6 (18 layers: ~23 ms of launches for a 32-token prompt,
-# measured on the H200, while a decode step of 128 sequences takes ~7 ms).
+# fla's chunked kernel. The recurrent kernel is one launch per layer but walks the tokens
+# one by one; the chunked one is parallel over chunks but about fifteen launches and
+# ~1.3 ms of host time per layer in fla 0.6 (18 layers: ~23 ms of launches for a 32-token
+# prompt, measured on the H200, while a decode step of 128 sequences takes ~7 ms).
 RECURRENT_PREFILL_MAX_LEN = 128
 
 
-def gated_delta_rule_varlen(q, k, v, a, b, A_log, dt_bias, states,
-                            ragged: RaggedLengths) -> tuple[torch.Tensor, torch.Tensor]:
+def gated_delta_rule_varlen(q, k, v, a, b, A_log, dt_bias, state: StateRows, ragged: RaggedLengths) -> torch.Tensor:
     """A ragged batch: sequence i owns the next ragged.lengths[i] rows of the flat token dim.
 
     q, k [tokens, key_heads, key_dim], v [tokens, value_heads, value_dim], the gate inputs
-    a, b [tokens, value_heads], states [len(lengths), value_heads, key_dim, value_dim] (the
-    states before each sequence's first token). Returns the output [tokens, value_heads,
-    value_dim] and the new states [len(lengths), ...] (fp32)."""
+    a, b [tokens, value_heads]; each sequence's state at its `state.read` row. Returns the
+    output [tokens, value_heads, value_dim]; the new states go to the `state.write` rows."""
+    if use_triton(q) and ragged.max_len <= RECURRENT_PREFILL_MAX_LEN:
+        return fused_recurrent_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, state, ragged.cu_seqlens)
+    g, beta = gdn_gates(a, b, A_log, dt_bias)
     if _use_fla(q):
-        fused_recurrent, chunk = fla_kernels()
-        if ragged.max_len <= RECURRENT_PREFILL_MAX_LEN:
-            out, new_states = fused_recurrent(
-                q[None], k[None], v[None], g=a[None], beta=b[None], initial_state=states.float(),
-                output_final_state=True, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=A_log,
-                dt_bias=dt_bias, use_beta_sigmoid_in_kernel=True, cu_seqlens=ragged.cu_seqlens)
-            return out[0], new_states
-        g, beta = gdn_gates(a, b, A_log, dt_bias)
+        _, chunk = fla_kernels()
         # fp32 inputs: with bf16 ones, fla 0.6 autotuned its chunked kernels for over a
         # minute on the H200 (triton 3.6) before the first prefill returned; fp32 did not
         # stall.
         out, new_states = chunk(q[None].float(), k[None].float(), v[None].float(), g=g[None].float(),
-                                beta=beta[None].float(), initial_state=states.float(), output_final_state=True,
+                                beta=beta[None].float(), initial_state=state.gather(), output_final_state=True,
                                 use_qk_l2norm_in_kernel=True, cu_seqlens=ragged.cu_seqlens,
                                 cu_seqlens_cpu=ragged.cu_seqlens_cpu, chunk_indices=ragged.chunk_indices)
-        return out[0].to(v.dtype), new_states
-    g, beta = gdn_gates(a, b, A_log, dt_bias)
+        state.scatter(new_states)
+        return out[0].to(v.dtype)
+    states = state.gather()
     out = torch.empty_like(v)
     new_states = torch.empty_like(states, dtype=torch.float32)
     start = 0
     for i, length in enumerate(ragged.lengths):
         span = slice(start, start + length)
         rule = recurrent_gated_delta_rule if length == 1 else chunk_gated_delta_rule
-        piece, state = rule(q[None, span], k[None, span], v[None, span], g[None, span], beta[None, span],
-                            states[i, None])
-        out[span], new_states[i] = piece[0], state[0]
+        piece, new_state = rule(q[None, span], k[None, span], v[None, span], g[None, span], beta[None, span],
+                                states[i, None])
+        out[span], new_states[i] = piece[0], new_state[0]
         start += length
-    return out, new_states
+    state.scatter(new_states)
+    return out
 
 
 def recurrent_gated_delta_rule(

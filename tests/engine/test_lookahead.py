@@ -1,4 +1,4 @@
-"""The look-ahead decode step and the decode-graph state commit, on the CPU.
+"""The look-ahead decode step and the decode graphs' state rows, on the CPU.
 
 `DecodeGraphs` runs its forward eagerly on a CPU (nothing captured), so these tests check
 everything the GPU path does around the graphs: a guessed step is used only when the
@@ -54,25 +54,27 @@ def test_lookahead_outputs_equal_plain_decode(model):
     assert executor.lookahead_used > 0 and executor.lookahead_dropped <= 1
 
 
-def test_commit_rows_only_leaves_the_other_rows_slots_as_they_were():
-    """A look-ahead step taken for some of its rows commits those rows' recurrent states
-    alone: a dropped row's slot may already belong to another stream."""
+def test_decode_graph_writes_only_the_rows_beside_the_committed_states():
+    """A decode-graph step (a look-ahead step is one) writes each row's next state row
+    and leaves the committed rows as they were: a row the runtime drops (its stream
+    stopped; its slot may already be another stream's) is simply never committed."""
     with engine("tiny-qwen3_5", True) as e:
         executor = e.model.executors["backbone"]
         graphs, pool, cache = executor.decode_graphs, executor.state_pool, executor.cache
         handles = [100, 101]
-        slots = [pool.allocate(h) for h in handles]
         for h in handles:
+            pool.allocate(h)
             cache.reserve(h, 1)
+        rows = [pool.rows(h) for h in handles]
         tables = [cache.page_tables[h] for h in handles]
+        before = pool.recurrent.clone()
         graphs.run(input_ids=[5, 6], positions=[0, 0], slots=[t[0] * cache.page_size for t in tables],
-                   context_lens=[0, 0], page_tables=tables, row_slots=slots)
-        before = pool.recurrent[:, slots].clone()
-        graphs.commit_rows_only([1])
-        graphs.commit_states()
-        after = pool.recurrent[:, slots]
-        assert torch.equal(after[:, 0], before[:, 0])          # row 0 dropped: its slot untouched
-        assert not torch.equal(after[:, 1], before[:, 1])      # row 1 taken: its new state written
+                   context_lens=[0, 0], page_tables=tables, row_slots=rows)
+        committed, written = [r[0] for r in rows], [r[1] for r in rows]
+        assert torch.equal(pool.recurrent[:, committed], before[:, committed])
+        assert pool.recurrent[:, written].abs().sum(dim=(0, 2, 3, 4)).gt(0).all()
+        pool.commit([101])                                       # only row 1 taken
+        assert pool.rows(100) == rows[0] and pool.rows(101) == rows[1][::-1]
 
 
 def test_lookahead_with_state_slots_handed_on():

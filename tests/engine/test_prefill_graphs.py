@@ -24,9 +24,9 @@ def test_padded_layout_in_the_device_buffers():
     tables = [cache.page_tables[h] for h in handles]
     kv_slots = [s for h, c, n in zip(handles, context_lens, query_lens) for s in cache.slots(h, c, c + n)]
     logits = graphs.run(list(range(8)), [0, 1, 2, 3, 4, 16, 17, 18], kv_slots, context_lens, query_lens, tables,
-                        row_slots=[pool.slots[h] for h in handles])
+                        row_slots=[pool.rows(h) for h in handles])
     assert logits.shape[0] == 2 and graphs.replays == 1
-    assert graphs._last_bucket == (16, 4)          # 8 tokens + 2 padding sequences (1 and 7 tokens)
+    assert graphs.bucket_for(query_lens, [len(t) for t in tables]) == (16, 4)   # 8 tokens + 2 padding sequences (1 and 7)
     longs, ints = graphs._longs, graphs._ints
     assert ints("query_start")[:5].tolist() == [0, 5, 8, 9, 16]
     assert longs("cu_seqlens")[:5].tolist() == [0, 5, 8, 9, 16]
@@ -39,12 +39,17 @@ def test_padded_layout_in_the_device_buffers():
         assert table[row, : len(pages)].tolist() == pages
         assert (table[row, len(pages):] == decode.scratch_page).all()
     assert (table[2:] == decode.scratch_page).all()
-    assert longs("row_slots")[:4].tolist() == [pool.slots[7], pool.slots[8], decode.scratch_slot, decode.scratch_slot]
+    # [read rows; write rows] per sequence, padding on the scratch slot's rows
+    scratch_read, scratch_write = decode.scratch_row_slots
+    assert longs("row_slots").view(2, -1)[:, :4].tolist() == [
+        [pool.rows(7)[0], pool.rows(8)[0], scratch_read, scratch_read],
+        [pool.rows(7)[1], pool.rows(8)[1], scratch_write, scratch_write]]
     gather = longs("conv_gather")[: 16 * pool.shape.conv_kernel].view(16, -1)
     carried = pool.shape.conv_kernel - 1
     # token 0 of sequence 0 sees its carried state then itself; the last token of the
     # second sequence sees only new tokens (it is 3 tokens in, the window reaching back 3)
     assert gather[0].tolist() == list(range(carried)) + [4 * carried]
     assert gather[7].tolist()[-1] == 4 * carried + 7
+    # nothing committed: a second replay reads the same committed states
     assert torch.equal(logits, graphs.run(list(range(8)), [0, 1, 2, 3, 4, 16, 17, 18], kv_slots, context_lens,
-                                          query_lens, tables, row_slots=[pool.slots[h] for h in handles]))
+                                          query_lens, tables, row_slots=[pool.rows(h) for h in handles]))

@@ -11,6 +11,7 @@ import torch
 
 from omniwalk import Engine, EngineArgs, GenerationRequest, SamplingParams
 from omniwalk.layers import gated_delta_rule as gdr
+from omniwalk.layers.state_rows import StateRows
 
 pytestmark = pytest.mark.gpu
 
@@ -33,25 +34,40 @@ def delta_rule_inputs(batch, seq_len, dtype, key_heads=4, value_heads=8, dim=64)
     return q, k, v, a, b, rand(value_heads).to(dtype), rand(value_heads).to(dtype)
 
 
-def test_fla_kernels_match_the_torch_reference():
-    """fla-core's decode (gates computed in the kernel) and ragged-prefill kernels vs
-    omniwalk's torch delta rule (fp32). fla's chunked kernel multiplies in tf32, hence the
-    looser prefill tolerance."""
+def pool_rows(states: torch.Tensor) -> StateRows:
+    """A pool holding `states` [n, ...] at rows 1, 3, 5, ...; the new states go to rows 0, 2, 4, ..."""
+    pool = torch.zeros(2 * len(states), *states.shape[1:], device="cuda")
+    read = torch.arange(len(states), device="cuda") * 2 + 1
+    pool[read] = states
+    return StateRows(pool, read, read - 1)
+
+
+def test_delta_rule_kernels_match_fla_and_the_torch_reference():
+    """The decode step (omniwalk's kernel over pool rows, gates computed inside) against
+    fla-core's fused recurrent kernel and the torch reference; ragged batches (decode rows
+    are sequences of length 1): short pieces alone take omniwalk's kernel, a piece over
+    RECURRENT_PREFILL_MAX_LEN fla's chunked one (tf32 multiplies: looser tolerance)."""
     assert gdr.fla_kernels() is not None, "fla-core must be installed for the GPU path"
+    fla_recurrent, _ = gdr.fla_kernels()
     q, k, v, a, b, A_log, dt_bias = delta_rule_inputs(3, 1, torch.float32)
     state = torch.randn(3, 8, 64, 64, device="cuda") * 0.1
-    out, new_state = gdr.gated_delta_rule_decode(q, k, v, a, b, A_log, dt_bias, state)
+    rows = pool_rows(state)
+    out = gdr.gated_delta_rule_decode(q[:, 0], k[:, 0], v[:, 0], a[:, 0], b[:, 0], A_log, dt_bias, rows)
+    fla_out, fla_state = fla_recurrent(q, k, v, g=a, beta=b, initial_state=state, output_final_state=True,
+                                       use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=A_log,
+                                       dt_bias=dt_bias, use_beta_sigmoid_in_kernel=True)
     g, beta = gdr.gdn_gates(a, b, A_log, dt_bias)
     ref_out, ref_state = gdr.recurrent_gated_delta_rule(q, k, v, g, beta, state)
-    assert (out - ref_out).abs().max() < 1e-4 and (new_state - ref_state).abs().max() < 1e-4
+    for expected_out, expected_state in ((fla_out, fla_state), (ref_out, ref_state)):
+        assert (out - expected_out[:, 0]).abs().max() < 1e-4
+        assert (rows.pool[rows.write] - expected_state).abs().max() < 1e-4
+    assert torch.equal(rows.pool[rows.read], state)            # the read rows untouched
 
-    # a mixed batch (decode rows are sequences of length 1): short pieces alone take the
-    # fused recurrent kernel, a piece over RECURRENT_PREFILL_MAX_LEN the chunked one
     for lengths in ([5, 1, 30, 64], [5, 1, gdr.RECURRENT_PREFILL_MAX_LEN + 2, 64]):
         q, k, v, a, b = (x[0] for x in delta_rule_inputs(1, sum(lengths), torch.float32)[:5])
         states = torch.randn(len(lengths), 8, 64, 64, device="cuda") * 0.1
-        out, new_states = gdr.gated_delta_rule_varlen(q, k, v, a, b, A_log, dt_bias, states,
-                                                      gdr.RaggedLengths(lengths, q.device))
+        rows = pool_rows(states)
+        out = gdr.gated_delta_rule_varlen(q, k, v, a, b, A_log, dt_bias, rows, gdr.RaggedLengths(lengths, q.device))
         g, beta = gdr.gdn_gates(a, b, A_log, dt_bias)
         start = 0
         for i, length in enumerate(lengths):
@@ -59,13 +75,13 @@ def test_fla_kernels_match_the_torch_reference():
             ref_out, ref_state = gdr.chunk_gated_delta_rule(q[None, span], k[None, span], v[None, span],
                                                             g[None, span], beta[None, span], states[i, None])
             assert (out[span] - ref_out[0]).abs().max() < 2e-3
-            assert (new_states[i] - ref_state[0]).abs().max() < 5e-3
+            assert (rows.pool[rows.write[i]] - ref_state[0]).abs().max() < 5e-3
             start += length
 
 
 def test_qwen3_5_greedy_ids_cuda_equal_cpu():
-    """fp32 on both sides: the CUDA side runs fla's kernels, the decode CUDA graphs with the
-    state slots, the look-ahead step, and the prefill graphs (two slots for four requests:
+    """fp32 on both sides: the CUDA side runs the recurrent kernel over pool rows, the
+    decode CUDA graphs with the state rows, the look-ahead step, and the prefill graphs (two slots for four requests:
     the later ones join a running batch); greedy ids must equal the CPU reference."""
     requests = [GenerationRequest(prompt=p, max_tokens=48 - 8 * i, ignore_eos=True,
                                   sampling=SamplingParams(temperature=0.0))

@@ -9,7 +9,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from omniwalk.engine import cross_attention, race_kernel
-from omniwalk.layers import causal_conv, fused_ops
+from omniwalk.layers import causal_conv, fused_ops, gated_delta_rule_triton
 
 NORM = {"x_ptr": "*bf16", "residual_ptr": "*bf16", "weight_ptr": "*bf16", "out_ptr": "*bf16",
         "residual_out_ptr": "*bf16", "stride_x": "i32", "stride_residual": "i32", "eps": "fp32", "width": "i32",
@@ -25,10 +25,20 @@ KERNELS = [
      {"HAS_IDS": ids, "BLOCK": 1024}) for ids in (False, True)
 ] + [
     ("conv decode step", causal_conv._conv_decode_kernel,
-     {"x_ptr": "*bf16", "weight_ptr": "*bf16", "state_ptr": "*bf16", "out_ptr": "*bf16", "new_state_ptr": "*bf16",
-      "stride_x": "i32", "stride_weight": "i32", "stride_state_row": "i32", "stride_state_channel": "i32",
+     {"x_ptr": "*bf16", "weight_ptr": "*bf16", "pool_ptr": "*bf16", "read_ptr": "*i64", "write_ptr": "*i64",
+      "out_ptr": "*bf16", "stride_x": "i32", "stride_weight": "i32", "stride_row": "i32",
       "channels": "i32", "batch": "i32", "end_first": "i32", "end_second": "i32",
       "TAPS": "constexpr", "BLOCK": "constexpr"}, {"TAPS": 4, "BLOCK": 256}),
+] + [
+    (f"gated delta rule{' (ragged)' * varlen}", gated_delta_rule_triton._gated_delta_rule_kernel,
+     {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "a_ptr": "*bf16", "b_ptr": "*bf16", "A_log_ptr": "*bf16",
+      "dt_bias_ptr": "*bf16", "out_ptr": "*bf16", "pool_ptr": "*fp32", "read_ptr": "*i64", "write_ptr": "*i64",
+      "cu_seqlens_ptr": "*i64", "stride_q": "i32", "stride_k": "i32", "stride_v": "i32", "stride_a": "i32",
+      "stride_b": "i32", "stride_row": "i32", "scale": "fp32", "KEY_HEADS": "constexpr", "VALUE_HEADS": "constexpr",
+      "KEY_DIM": "constexpr", "VALUE_DIM": "constexpr", "BLOCK_V": "constexpr", "VARLEN": "constexpr"},
+     {"KEY_HEADS": 16, "VALUE_HEADS": 16, "KEY_DIM": 128, "VALUE_DIM": 128, "BLOCK_V": 8, "VARLEN": varlen})
+    for varlen in (False, True)
+] + [
     ("gated rms norm", fused_ops._gated_rms_norm_kernel,
      {"x_ptr": "*bf16", "gate_ptr": "*bf16", "weight_ptr": "*bf16", "out_ptr": "*bf16", "heads": "i32",
       "stride_gate_token": "i32", "stride_gate_head": "i32", "eps": "fp32", "width": "i32", "BLOCK": "constexpr"},

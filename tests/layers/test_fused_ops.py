@@ -90,19 +90,25 @@ def test_gated_rms_norm(force_triton, dtype):
 @pytest.mark.parametrize("taps", [2, 4])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_causal_conv1d_decode_step(force_triton, monkeypatch, taps, dtype):
+    """The decode kernel reads each row's state from one pool row and writes the new state
+    to another, leaving every other row as it was."""
     from omniwalk.layers import causal_conv
+    from omniwalk.layers.state_rows import StateRows
     monkeypatch.setattr(causal_conv, "use_triton", lambda x: True)
     torch.manual_seed(4)
     x = torch.randn(3, 70, dtype=dtype)[:, 10:50]   # a strided view, as from a packed projection
     weight = torch.randn(40, taps, dtype=dtype)
-    state = torch.randn(3, 40, taps - 1, dtype=dtype)
-    expected_out, expected_state = causal_conv.causal_conv1d(x[:, None], weight, state)
-    [out], new_state = causal_conv.causal_conv1d_decode(x, weight, state)
-    assert_close(out, expected_out[:, 0])
-    assert torch.equal(new_state, expected_state)
-    q, k, v = causal_conv.causal_conv1d_decode(x, weight, state, parts=(12, 12, 16))[0]   # as q | k | v
-    assert all(part.is_contiguous() for part in (q, k, v))
-    assert_close(torch.cat([q, k, v], dim=-1), expected_out[:, 0])
+    pool = torch.randn(7, 40, taps - 1, dtype=dtype)
+    read, write = torch.tensor([5, 0, 2]), torch.tensor([4, 1, 3])
+    expected_out, expected_state = causal_conv.causal_conv1d(x[:, None], weight, pool[read])
+    for parts in (None, (12, 12, 16)):   # one output, or q | k | v
+        rows = StateRows(pool.clone(), read, write)
+        outputs = causal_conv.causal_conv1d_decode(x, weight, rows, parts=parts)
+        assert len(outputs) == (1 if parts is None else 3) and all(p.is_contiguous() for p in outputs)
+        assert_close(torch.cat(outputs, dim=-1), expected_out[:, 0])
+        assert torch.equal(rows.pool[write], expected_state)
+        others = [r for r in range(7) if r not in write.tolist()]
+        assert torch.equal(rows.pool[others], pool[others])
 
 
 @pytest.mark.parametrize("taps", [2, 4])

@@ -154,8 +154,9 @@ def test_state_pool_check_then_act_and_fresh_slots_are_empty():
     pool = tiny_pool(2)
     assert pool.can_allocate() and pool.num_free == 2
     first = pool.allocate(10)
-    pool.conv[:, first] = 1.0
-    pool.recurrent[:, first] = 2.0
+    pool.conv[:, 2 * first : 2 * first + 2] = 1.0      # both rows: the committed one and the next
+    pool.recurrent[:, 2 * first : 2 * first + 2] = 2.0
+    pool.commit([10])
     pool.allocate(11)
     assert not pool.can_allocate() and pool.holds(10) and pool.holds(11)
     with pytest.raises(RuntimeError):
@@ -167,42 +168,47 @@ def test_state_pool_check_then_act_and_fresh_slots_are_empty():
     assert pool.num_free == 1 and not pool.holds(10)
     again = pool.allocate(12)
     assert again == first                                    # reused, and handed out empty
-    assert not pool.conv[:, again].any() and not pool.recurrent[:, again].any()
+    assert pool.rows(12) == (2 * again, 2 * again + 1)       # parity reset
+    assert not pool.conv[:, 2 * again : 2 * again + 2].any() and not pool.recurrent[:, 2 * again : 2 * again + 2].any()
 
 
-def test_state_batch_reaches_the_pool_only_on_commit():
+def test_state_rows_flip_only_on_commit():
+    """A pass writes the row beside the committed one; commit makes it the committed one,
+    for the handles committed only."""
     pool = tiny_pool()
-    slots = [pool.allocate(h) for h in (5, 6)]
-    batch = StateBatch(pool, slots[::-1], query_lens=[1, 4])
+    for h in (5, 6):
+        pool.allocate(h)
+    (read5, write5), (read6, write6) = pool.rows(5), pool.rows(6)
+    assert read5 // 2 == write5 // 2 and read5 != write5 and {read5, write5}.isdisjoint({read6, write6})
+    batch = StateBatch(pool, [pool.rows(6), pool.rows(5)], query_lens=[1, 4])
     assert not batch.all_decode and batch.ragged.cu_seqlens.tolist() == [0, 1, 5]
-    conv, recurrent = batch.read(1)
-    assert conv.shape == (2, 6, 3) and recurrent.shape == (2, 2, 3, 5)
-    batch.write(1, conv + 1, recurrent + 2)
-    assert not pool.conv.any() and not pool.recurrent.any()
-    batch.commit()
-    assert (pool.conv[1, slots] == 1).all() and (pool.recurrent[1, slots] == 2).all()
-    assert not pool.conv[0].any()
+    rows = batch.recurrent(1)
+    assert rows.read.tolist() == [read6, read5] and rows.write.tolist() == [write6, write5]
+    rows.scatter(rows.gather() + 2)
+    conv = batch.conv(1)
+    assert conv.gather().shape == (2, 6, 3)
+    conv.scatter(conv.gather() + 1)
+    assert (pool.recurrent[1, [write5, write6]] == 2).all() and not pool.recurrent[1, [read5, read6]].any()
+    assert (pool.conv[1, [write5, write6]] == 1).all() and not pool.conv[0].any()
+    pool.commit([5])                                          # 6's step was dropped
+    assert pool.rows(5) == (write5, read5) and pool.rows(6) == (read6, write6)
+    pool.commit([5])
+    assert pool.rows(5) == (read5, write5)
 
 
-def test_decode_graph_state_batch_reads_and_commits_the_slots_its_buffer_holds_at_each_use():
-    """A CUDA graph's StateBatch: the slots are whatever the static buffer holds when the
-    graph (or its commit graph) replays."""
+def test_graph_state_batch_uses_the_rows_its_buffer_holds_at_each_use():
+    """A CUDA graph's StateBatch: the rows are whatever the static buffer holds when the
+    graph replays."""
     pool = tiny_pool(4)
-    slots = [pool.allocate(h) for h in (1, 2, 3)]
-    pool.recurrent[0, slots[2]] = 7.0
-    buffer = torch.tensor([slots[0], slots[1]])
+    for h in (1, 2, 3):
+        pool.allocate(h)
+    buffer = torch.tensor([pool.rows(1), pool.rows(2)]).T.contiguous()    # [read; write] x rows
     batch = StateBatch.for_graph(pool, buffer)
     assert batch.all_decode
-    buffer[1] = slots[2]                       # the executor refills the buffer before a replay
-    conv, recurrent = batch.read(0)
-    assert (recurrent[1] == 7).all() and not recurrent[0].any()
-    batch.write(0, conv + 1, recurrent + 1)
-    buffer[0] = slots[1]
-    batch.commit()
-    assert (pool.recurrent[0, slots[2]] == 8).all() and (pool.recurrent[0, slots[1]] == 1).all()
-    assert not pool.recurrent[0, slots[0]].any()
-    batch.commit()                             # the graph's outputs stay: a commit can replay
-    assert (pool.recurrent[0, slots[2]] == 8).all()
+    buffer[:, 1] = torch.tensor(pool.rows(3))      # the executor refills the buffer before a replay
+    rows = batch.recurrent(0)
+    assert rows.read.tolist() == [pool.rows(1)[0], pool.rows(3)[0]]
+    assert rows.write.tolist() == [pool.rows(1)[1], pool.rows(3)[1]]
 
 
 # ---------------------------------------------------------------- the model
@@ -217,7 +223,8 @@ def full_forward(model: Qwen3_5ForCausalLM, ids: torch.Tensor) -> torch.Tensor:
     config = model.config
     pool = StatePool(state_pool_shape(config, 1), torch.float32, "cpu")
     attention = attention_for_tests(len(config.full_attention_layers), config.num_kv_heads, config.head_dim, len(ids))
-    hidden = model(ids, torch.arange(len(ids)), attention, StateBatch(pool, [pool.allocate(0)], [len(ids)]))
+    pool.allocate(0)
+    hidden = model(ids, torch.arange(len(ids)), attention, StateBatch(pool, [pool.rows(0)], [len(ids)]))
     return model.compute_logits(hidden)
 
 
@@ -252,11 +259,11 @@ class PooledSequences:
         for h in handles:
             self.cache.reserve(h, done[h] + work[h])
         meta = build_metadata(self.cache, handles, [done[h] for h in handles], [work[h] for h in handles], "cpu")
-        states = StateBatch(self.pool, [self.pool.slots[h] for h in handles], [work[h] for h in handles])
+        states = StateBatch(self.pool, [self.pool.rows(h) for h in handles], [work[h] for h in handles])
         ids = torch.cat([self.tokens[h][done[h] : done[h] + work[h]] for h in handles])
         positions = torch.cat([torch.arange(done[h], done[h] + work[h]) for h in handles])
         logits = self.model.compute_logits(self.model(ids, positions, PagedAttention(self.cache, meta), states))
-        states.commit()
+        self.pool.commit(handles)
         rows, out = 0, {}
         for h in handles:
             out[h] = logits[rows : rows + work[h]]
@@ -287,14 +294,16 @@ def test_ragged_batch_of_chunks_and_decodes_matches_full_forward(hf_checkpoint):
 def test_decode_steps_through_the_fused_kernels_match_full_forward(hf_checkpoint, monkeypatch):
     """The CUDA path's fused kernels, run here in Triton's interpreter (zero-centered
     add+norm, QK-norm + partial rotary, the conv decode step reading a strided packed
-    projection, the gated norm): decode logits equal the unfused full forward's."""
-    from omniwalk.layers import causal_conv, fused_ops
+    projection, the gated norm, the recurrent kernel over pool rows for the ragged
+    prefill and the decode steps): logits equal the unfused full forward's."""
+    from omniwalk.layers import causal_conv, fused_ops, gated_delta_rule
     model = load_ours(hf_checkpoint[0])
     tokens = {0: torch.randint(0, 512, (14,), generator=torch.Generator().manual_seed(6)),
               1: torch.randint(0, 512, (10,), generator=torch.Generator().manual_seed(7))}
     expected = {h: full_forward(model, ids) for h, ids in tokens.items()}
     monkeypatch.setattr(fused_ops, "use_triton", lambda x: True)
     monkeypatch.setattr(causal_conv, "use_triton", lambda x: True)
+    monkeypatch.setattr(gated_delta_rule, "use_triton", lambda x: True)
     sequences = PooledSequences(model, tokens)
     sequences.step({0: 10, 1: 6})                 # prefill pieces (the varlen path)
     for _ in range(4):                            # decode steps: all_decode, the fused conv step
@@ -308,17 +317,21 @@ def test_failed_pass_leaves_the_states_untouched(hf_checkpoint):
     model = load_ours(hf_checkpoint[0])
     config = model.config
     pool = StatePool(state_pool_shape(config, 1), torch.float32, "cpu")
-    slot = pool.allocate(0)
-    pool.recurrent[:, slot].normal_()
-    before = pool.recurrent.clone(), pool.conv.clone()
+    pool.allocate(0)
+    committed = pool.rows(0)[0]
+    pool.recurrent[:, committed].normal_()
+    before = pool.recurrent[:, committed].clone(), pool.conv[:, committed].clone()
     attention = attention_for_tests(1, config.num_kv_heads, config.head_dim, 10)
     handle = model.model.layers[-1].mlp.register_forward_hook(lambda *_: (_ for _ in ()).throw(RuntimeError("boom")))
     try:
         with pytest.raises(RuntimeError, match="boom"):
-            model(torch.arange(10), torch.arange(10), attention, StateBatch(pool, [slot], [10]))
+            model(torch.arange(10), torch.arange(10), attention, StateBatch(pool, [pool.rows(0)], [10]))
     finally:
         handle.remove()
-    assert torch.equal(pool.recurrent, before[0]) and torch.equal(pool.conv, before[1])
+    # the pass wrote the other row of the slot; the committed one is as it was
+    assert pool.rows(0)[0] == committed
+    assert torch.equal(pool.recurrent[:, committed], before[0]) and torch.equal(pool.conv[:, committed], before[1])
+    assert pool.recurrent[:, committed ^ 1].any()
 
 
 # ---------------------------------------------------------------- loading

@@ -29,6 +29,7 @@ from omniwalk.layers.gated_delta_rule import gated_delta_rule_decode, gated_delt
 from omniwalk.layers.mlp import GatedMLP
 from omniwalk.layers.norm import GatedRMSNorm, ZeroCenteredRMSNorm
 from omniwalk.layers.rotary import RotaryEmbedding
+from omniwalk.layers.state_rows import StateRows
 from omniwalk.models.qwen3_5.config import LINEAR_ATTENTION, Qwen3_5Config
 
 
@@ -90,8 +91,8 @@ class GatedDeltaNet(nn.Module):
         x -> in_proj_qkv -> short causal conv + SiLU -> q | k | v        (conv state)
         x -> in_proj_b -> beta = sigmoid(b)                              write strength per head
         x -> in_proj_a -> g = -exp(A_log) * softplus(a + dt_bias)        log decay per head
-                          (both computed by `omniwalk.layers.gated_delta_rule`, in fla's
-                          kernel for a decode step on CUDA)
+                          (both computed by `omniwalk.layers.gated_delta_rule`, inside
+                          the recurrent kernel on CUDA)
         delta rule(q, k, v, g, beta)                                     (recurrent state)
         -> norm(., gate = in_proj_z(x)) -> out_proj
 
@@ -129,32 +130,29 @@ class GatedDeltaNet(nn.Module):
         # of one buffer; a and b are the decay and write-strength inputs
         mixed, z, b, a = self.in_proj(x).split(self.splits, dim=-1)
 
-        conv_state, recurrent_state = states.read(self.state_layer)
-        (q, k, v), new_conv = self._convolve(mixed, conv_state, states)
+        q, k, v = self._convolve(mixed, states.conv(self.state_layer), states)
         q = q.reshape(num_tokens, self.num_k_heads, self.head_k_dim)
         k = k.reshape(num_tokens, self.num_k_heads, self.head_k_dim)
         v = v.reshape(num_tokens, self.num_v_heads, self.head_v_dim)
+        recurrent = states.recurrent(self.state_layer)
         if states.all_decode:   # one token per sequence: one batched recurrent step
-            core, new_recurrent = gated_delta_rule_decode(
-                q[:, None], k[:, None], v[:, None], a[:, None], b[:, None], self.A_log, self.dt_bias, recurrent_state)
-            core = core[:, 0]
+            core = gated_delta_rule_decode(q, k, v, a, b, self.A_log, self.dt_bias, recurrent)
         else:
-            core, new_recurrent = gated_delta_rule_varlen(
-                q, k, v, a, b, self.A_log, self.dt_bias, recurrent_state, states.ragged)
-        states.write(self.state_layer, new_conv, new_recurrent)
+            core = gated_delta_rule_varlen(q, k, v, a, b, self.A_log, self.dt_bias, recurrent, states.ragged)
 
         z = z.view(num_tokens, self.num_v_heads, self.head_v_dim)
         return self.out_proj(self.norm(core, z).reshape(num_tokens, self.value_dim))
 
-    def _convolve(self, mixed: torch.Tensor, conv_state: torch.Tensor, states: StateBatch):
+    def _convolve(self, mixed: torch.Tensor, conv_state: StateRows, states: StateBatch):
         """Short causal conv + SiLU of each sequence's new tokens [tokens, conv_dim], from its
-        carried state; returns (q, k, v) [tokens, key/value dim] and the new conv states."""
+        carried state (new states written to the pool); returns q, k, v [tokens, key/value dim]."""
         weight = self.conv1d.weight.squeeze(1)
         parts = (self.key_dim, self.key_dim, self.value_dim)
-        if states.all_decode:   # q, k, v come out contiguous: fla's kernel reads them as they are
+        if states.all_decode:   # q, k, v come out contiguous: the recurrent kernel reads them as they are
             return causal_conv1d_decode(mixed, weight, conv_state, parts)
-        out, new_state = ragged_causal_conv1d(mixed, weight, conv_state, *states.ragged.conv_indices)
-        return out.split(parts, dim=-1), new_state
+        out, new_state = ragged_causal_conv1d(mixed, weight, conv_state.gather(), *states.ragged.conv_indices)
+        conv_state.scatter(new_state)
+        return out.split(parts, dim=-1)
 
 
 class Qwen3_5DecoderLayer(nn.Module):

@@ -249,7 +249,7 @@ class DecoderExecutor(NodeExecutor):
         return self.decode_graphs.run(
             input_ids=[s.token_ids[-1] for s in states], positions=positions,
             slots=[table[p // size] * size + p % size for table, p in zip(tables, positions)],
-            context_lens=positions, page_tables=tables, row_slots=[self.cross.slot_of[h] for h in handles],
+            context_lens=positions, page_tables=tables, row_slots=[self.cross.row_slots(h) for h in handles],
         )   # [rows, vocab] fp32
 
     def _write_cross(self, handles: list[int], states: list[TranscriptState]) -> None:
