@@ -75,5 +75,5 @@ for kind, times in kinds.items():
 with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
     steps(20)
     sync()
-print(p.key_averages().table(sort_by="cuda_time_total", row_limit=18, max_name_column_width=70))
-print(p.key_averages().table(sort_by="self_cpu_time_total", row_limit=14, max_name_column_width=70))
+print(p.key_averages().table(sort_by="cuda_time_total", row_limit=18, max_name_column_width=160))
+print(p.key_averages().table(sort_by="self_cpu_time_total", row_limit=14, max_name_column_width=160))
