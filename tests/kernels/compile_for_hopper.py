@@ -10,6 +10,7 @@ from triton.compiler import ASTSource
 
 from omniwalk.engine import cross_attention, race_kernel
 from omniwalk.layers import causal_conv, fused_ops, gated_delta_rule_triton
+from omniwalk.models.orpheus import snake
 
 NORM = {"x_ptr": "*bf16", "residual_ptr": "*bf16", "weight_ptr": "*bf16", "out_ptr": "*bf16",
         "residual_out_ptr": "*bf16", "stride_x": "i32", "stride_residual": "i32", "eps": "fp32", "width": "i32",
@@ -49,6 +50,9 @@ KERNELS = [
       "stride_o_row": "i32", "stride_o_head": "i32", "source_len": "i32",
       "HEAD_DIM": "constexpr", "BLOCK_D": "constexpr", "BLOCK_N": "constexpr"},
      {"HEAD_DIM": 64, "BLOCK_D": 64, "BLOCK_N": 64}),
+    ("snake", snake._snake_kernel,
+     {"x_ptr": "*fp32", "alpha_ptr": "*fp32", "out_ptr": "*fp32", "channels": "i32", "length": "i32",
+      "BLOCK": "constexpr"}, {"BLOCK": 1024}),
     ("silu and mul", fused_ops._silu_mul_kernel,
      {"gate_ptr": "*bf16", "up_ptr": "*bf16", "out_ptr": "*bf16", "stride_gate": "i32", "stride_up": "i32",
       "width": "i32", "BLOCK": "constexpr"}, {"BLOCK": 1024}),

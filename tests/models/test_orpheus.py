@@ -76,6 +76,25 @@ def test_snac_decoder_matches_the_snac_package(config):
     assert expected.std().item() > 1e-3     # not a trivially silent comparison
 
 
+def test_snac_with_the_fused_snake_kernel_matches_the_snac_package(monkeypatch):
+    """The CUDA path's Snake kernel, in Triton's interpreter here, inside the whole decoder."""
+    pytest.importorskip("triton")
+    from omniwalk.models.orpheus import snake
+    monkeypatch.setattr(snake, "use_triton", lambda x: True)
+    reference = reference_snac(TINY_SNAC, seed=3)
+    ours = SnacDecoder(TINY_SNAC)
+    load_snac_state(ours, reference.state_dict())
+    codes = random_codes(TINY_SNAC, 2, 3)
+    with torch.inference_mode():
+        torch.manual_seed(1)
+        expected = reference.decode(codes)
+        torch.manual_seed(1)
+        got = ours(codes, torch_global_noise)
+    assert (got - expected).abs().max().item() < 1e-4 and expected.std().item() > 1e-3
+    x, alpha = torch.randn(2, 5, 37) * 3, torch.rand(1, 5, 1) + 0.5
+    torch.testing.assert_close(snake.snake(x, alpha), snake.snake_reference(x, alpha), atol=1e-5, rtol=1e-5)
+
+
 def test_snac_loads_old_weight_norm_names():
     reference = reference_snac(TINY_SNAC)
     old_names = {}

@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from omniwalk.engine.sampler import hash_uniform, row_key
+from omniwalk.models.orpheus.snake import snake
 
 # (upsampling block index, activations [B, C, T]) -> noise [B, 1, T]
 NoiseSource = Callable[[int, torch.Tensor], torch.Tensor]
@@ -102,7 +103,7 @@ class Snake(nn.Module):
         self.alpha = nn.Parameter(torch.ones(1, channels, 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, C, T]
-        return x + (self.alpha + 1e-9).reciprocal() * torch.sin(self.alpha * x).pow(2)
+        return snake(x, self.alpha)   # one Triton kernel on CUDA (`snake.py`)
 
 
 class ResidualUnit(nn.Module):
