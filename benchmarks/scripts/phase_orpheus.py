@@ -34,5 +34,6 @@ for c in [int(x) for x in sys.argv[1:]] or [16, 256]:
         for _ in range(7): rt.step()
         sync()
     print(p.key_averages().table(sort_by="cuda_time_total" if cuda else "cpu_time_total", row_limit=22, max_name_column_width=160))
+    print(p.key_averages().table(sort_by="self_cpu_time_total", row_limit=16, max_name_column_width=100))
     for rid in list(rt.running): rt.abort(rid)
     rt.step()
