@@ -10,7 +10,7 @@ from triton.compiler import ASTSource
 
 from omniwalk.engine import cross_attention, race_kernel
 from omniwalk.layers import causal_conv, fused_ops, gated_delta_rule_triton
-from omniwalk.models.orpheus import snake
+from omniwalk.models.orpheus import depthwise_conv, snake
 
 NORM = {"x_ptr": "*bf16", "residual_ptr": "*bf16", "weight_ptr": "*bf16", "out_ptr": "*bf16",
         "residual_out_ptr": "*bf16", "stride_x": "i32", "stride_residual": "i32", "eps": "fp32", "width": "i32",
@@ -53,6 +53,10 @@ KERNELS = [
     ("snake", snake._snake_kernel,
      {"x_ptr": "*fp32", "alpha_ptr": "*fp32", "out_ptr": "*fp32", "channels": "i32", "length": "i32",
       "BLOCK": "constexpr"}, {"BLOCK": 1024}),
+    ("depthwise conv", depthwise_conv._depthwise_conv_kernel,
+     {"x_ptr": "*fp32", "weight_ptr": "*fp32", "bias_ptr": "*fp32", "out_ptr": "*fp32", "channels": "i32",
+      "length": "i32", "dilation": "i32", "padding": "i32", "TAPS": "constexpr", "HAS_BIAS": "constexpr",
+      "BLOCK": "constexpr"}, {"TAPS": 7, "HAS_BIAS": True, "BLOCK": 1024}),
     ("silu and mul", fused_ops._silu_mul_kernel,
      {"gate_ptr": "*bf16", "up_ptr": "*bf16", "out_ptr": "*bf16", "stride_gate": "i32", "stride_up": "i32",
       "width": "i32", "BLOCK": "constexpr"}, {"BLOCK": 1024}),

@@ -76,11 +76,13 @@ def test_snac_decoder_matches_the_snac_package(config):
     assert expected.std().item() > 1e-3     # not a trivially silent comparison
 
 
-def test_snac_with_the_fused_snake_kernel_matches_the_snac_package(monkeypatch):
-    """The CUDA path's Snake kernel, in Triton's interpreter here, inside the whole decoder."""
+def test_snac_with_its_triton_kernels_matches_the_snac_package(monkeypatch):
+    """The CUDA path's Snake and depthwise-conv kernels, in Triton's interpreter here,
+    inside the whole decoder."""
     pytest.importorskip("triton")
-    from omniwalk.models.orpheus import snake
+    from omniwalk.models.orpheus import depthwise_conv, snake
     monkeypatch.setattr(snake, "use_triton", lambda x: True)
+    monkeypatch.setattr(depthwise_conv, "use_triton", lambda x: True)
     reference = reference_snac(TINY_SNAC, seed=3)
     ours = SnacDecoder(TINY_SNAC)
     load_snac_state(ours, reference.state_dict())
@@ -93,6 +95,11 @@ def test_snac_with_the_fused_snake_kernel_matches_the_snac_package(monkeypatch):
     assert (got - expected).abs().max().item() < 1e-4 and expected.std().item() > 1e-3
     x, alpha = torch.randn(2, 5, 37) * 3, torch.rand(1, 5, 1) + 0.5
     torch.testing.assert_close(snake.snake(x, alpha), snake.snake_reference(x, alpha), atol=1e-5, rtol=1e-5)
+    for dilation in (1, 3, 9):   # windows reaching past both ends of a short input
+        conv = depthwise_conv.DepthwiseConv1d(5, 7, dilation)
+        expected = torch.nn.functional.conv1d(x, conv.weight, conv.bias, padding=3 * dilation, dilation=dilation,
+                                              groups=5)
+        torch.testing.assert_close(conv(x), expected, atol=1e-5, rtol=1e-5)
 
 
 def test_snac_loads_old_weight_norm_names():

@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from omniwalk.engine.sampler import hash_uniform, row_key
+from omniwalk.models.orpheus.depthwise_conv import DepthwiseConv1d
 from omniwalk.models.orpheus.snake import snake
 
 # (upsampling block index, activations [B, C, T]) -> noise [B, 1, T]
@@ -113,7 +114,8 @@ class ResidualUnit(nn.Module):
         super().__init__()
         self.block = nn.Sequential(
             Snake(dim),
-            nn.Conv1d(dim, dim, kernel_size=7, dilation=dilation, padding=3 * dilation, groups=groups),
+            (DepthwiseConv1d(dim, 7, dilation) if groups == dim
+             else nn.Conv1d(dim, dim, kernel_size=7, dilation=dilation, padding=3 * dilation, groups=groups)),
             Snake(dim),
             nn.Conv1d(dim, dim, kernel_size=1),
         )
@@ -167,7 +169,7 @@ class WaveDecoder(nn.Module):
         latent, channels = config.latent_channels, config.decoder_dim
         if config.depthwise:
             layers: list[nn.Module] = [
-                nn.Conv1d(latent, latent, kernel_size=7, padding=3, groups=latent),
+                DepthwiseConv1d(latent, 7),
                 nn.Conv1d(latent, channels, kernel_size=1),
             ]
         else:
