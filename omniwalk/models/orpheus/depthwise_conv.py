@@ -11,7 +11,6 @@ agree to float rounding).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from omniwalk.layers.fused_ops import triton, use_triton
@@ -33,8 +32,7 @@ class DepthwiseConv1d(nn.Conv1d):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:   # [B, C, T] -> [B, C, T]
         if not use_triton(x):
-            return F.conv1d(x, self.weight, self.bias, padding=self.padding, dilation=self.dilation,
-                            groups=self.groups)
+            return super().forward(x)
         return depthwise_conv1d(x, self.weight, self.bias, self.dilation[0], self.padding[0])
 
 
