@@ -472,3 +472,38 @@ def test_preemption_under_a_tiny_kv_cache_keeps_outputs(engine):
         assert tight.model.cache.allocator.num_free == tight.model.cache.allocator.num_pages
         assert state_pool(tight).num_free == state_pool(tight).num_slots
     assert [r.token_ids for r in results] == [r.token_ids for r in expected]
+
+
+def test_a_step_that_fails_after_its_forward_is_retried_from_the_committed_states(monkeypatch):
+    """The forward wrote every row's next state row, then sampling raised: nothing was
+    committed, so the runtime's call-by-call retry reads the same states and the outputs
+    equal a run without the failure. Compared by logprobs: the tiny model's greedy ids
+    barely depend on its recurrent layers, the logprobs do."""
+    from omniwalk import Engine, EngineArgs, GenerationRequest, SamplingParams
+    from omniwalk.engine.hybrid_lm_executor import HybridLMExecutor
+
+    batch = [GenerationRequest(prompt=p, max_tokens=12, ignore_eos=True,
+                               sampling=SamplingParams(temperature=0.0, logprobs=0))
+             for p in ("The quick brown fox", "1 2 3 4", "Once upon a time")]
+    args = EngineArgs("tiny-qwen3_5", device="cpu", dtype="float32", kv_cache_tokens=4096, max_num_seqs=4)
+
+    def outputs():
+        with Engine(args) as engine:
+            return [(r.token_ids, [lp.logprob for lp in r.logprobs]) for r in engine.generate(batch)]
+
+    expected = outputs()
+    calls = {"count": 0}
+    original = HybridLMExecutor._sample
+
+    def flaky_sample(self, calls_, logits):
+        calls["count"] += 1
+        if calls["count"] == 4:       # a decode step of the three requests together
+            raise RuntimeError("injected")
+        return original(self, calls_, logits)
+
+    monkeypatch.setattr(HybridLMExecutor, "_sample", flaky_sample)
+    got = outputs()
+    assert calls["count"] > 4 and [ids for ids, _ in got] == [ids for ids, _ in expected]
+    # the retried calls run alone, then batched again: other GEMM shapes, float rounding only
+    for (_, lps), (_, expected_lps) in zip(got, expected):
+        assert torch.allclose(torch.tensor(lps), torch.tensor(expected_lps), atol=1e-5, rtol=0)
