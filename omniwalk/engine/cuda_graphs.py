@@ -190,7 +190,8 @@ class DecodeGraphs(BucketGraphs):
         if self.slot_resource is not None:
             longs[3:, :n] = np.asarray(row_slots, dtype=np.int64).reshape(n, -1).T
             longs[3:, n:batch] = np.asarray(self.scratch_row_slots, dtype=np.int64)[:, None]
-            self.row_slots[:, :batch].copy_(self.host_longs[3:, :batch], non_blocking=True)
+            # all columns (a few KiB): one contiguous copy; the bucket reads its first `batch`
+            self.row_slots.copy_(self.host_longs[3:], non_blocking=True)
         if on_device:
             self.input_ids[:n].copy_(input_ids)
             self.input_ids[n:batch].zero_()
