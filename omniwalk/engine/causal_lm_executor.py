@@ -42,6 +42,7 @@ from omniwalk.engine.host_to_device import to_device
 from omniwalk.engine.kv_cache import PagedKVCache
 from omniwalk.engine.prefill_graphs import PrefillGraphs
 from omniwalk.engine.sampler import Sampler
+from omniwalk.engine.seen_tokens import SeenTokens
 from omniwalk.runtime.executor import NodeCall, NodeExecutor
 
 logger = logging.getLogger(__name__)
@@ -118,6 +119,7 @@ class CausalLMExecutor(NodeExecutor):
         self.logits_mask = logits_mask
         self.sequences: dict[int, SequenceState] = {}
         self.lookahead: _Lookahead | None = None
+        self.seen_tokens: SeenTokens | None = None   # the repetition penalty's ids, on the device
         self.lookahead_used = 0     # counters for tests and the bench
         self.lookahead_dropped = 0
 
@@ -162,6 +164,8 @@ class CausalLMExecutor(NodeExecutor):
     def release(self, stream) -> None:
         self.cache.free(stream.handle)
         self.sequences.pop(stream.handle, None)
+        if self.seen_tokens is not None:
+            self.seen_tokens.free(stream.handle)
 
     # ------------------------------------------------------------ the step
 
@@ -190,6 +194,8 @@ class CausalLMExecutor(NodeExecutor):
             sequence.output_ids.append(token)
             if sequence.history is not None:
                 sequence.history.append(token)
+                if self.seen_tokens is not None:
+                    self.seen_tokens.append(calls[index].stream.handle, token)
             results[index] = {"token": token, "logprobs": logprobs}
 
         rows, row_sequences = [calls[i] for i in next_rows], [sequences[i] for i in next_rows]
@@ -354,6 +360,11 @@ class CausalLMExecutor(NodeExecutor):
                 logits = logits.gather(1, candidates).masked_fill_(~allowed, float("-inf"))
             else:
                 self.logits_mask(logits, calls, outputs)
+        seen = None
+        if any(p.repetition_penalty != 1.0 for p in params):
+            if self.seen_tokens is None:
+                self.seen_tokens = SeenTokens(vocab, logits.device)
+            seen = self.seen_tokens.gather([call.stream.handle for call in calls], [s.history for s in sequences])
         # token histories only matter to penalties (rows without them pass empty ones)
         empty = np.empty(0, dtype=np.int64)
         return self.sampler(
@@ -362,7 +373,7 @@ class CausalLMExecutor(NodeExecutor):
             sample_indices=[len(s.output_ids) for s in sequences],
             prompt_token_ids=[s.history.prompt if s.history is not None else empty for s in sequences],
             output_token_ids=[s.history.outputs if s.history is not None else empty for s in sequences],
-            candidate_ids=candidates, vocab_size=vocab,
+            candidate_ids=candidates, vocab_size=vocab, seen=seen,
         )
 
 

@@ -198,12 +198,17 @@ class Sampler:
         output_token_ids: list[list[int]],
         candidate_ids: torch.Tensor | None = None,
         vocab_size: int | None = None,
+        seen: torch.Tensor | None = None,
     ) -> SamplerOutput:
         """`candidate_ids` [B, C] (with the full `vocab_size`): `logits` [B, C] are only the
         columns of those ids, the only ones a row may sample (a model's logits mask that
         names them, e.g. Orpheus' next audio codes). The samples are the full-vocabulary
         ones with every other id at -inf: penalties count ids, the race hashes ids, and the
-        returned token ids are vocabulary ids. No logprobs in this mode."""
+        returned token ids are vocabulary ids. No logprobs in this mode.
+
+        `seen` [B, vocab] bool: the ids in each row's prompt or outputs, if the caller keeps
+        them on the device (`SeenTokens`); the repetition penalty then reads it instead
+        of the histories (same results)."""
         batch = self._check(logits, params, prompt_token_ids, output_token_ids)
         if len(seeds) != batch or len(sample_indices) != batch:
             raise ValueError(
@@ -218,7 +223,8 @@ class Sampler:
         if all_greedy and not want_logprobs and not any(p.has_penalties for p in params):
             return SamplerOutput(self._vocabulary_ids(logits.argmax(dim=-1), candidate_ids), None, None, None)
 
-        processed = self.process_logits(logits, params, prompt_token_ids, output_token_ids, candidate_ids, vocab_size)
+        processed = self.process_logits(logits, params, prompt_token_ids, output_token_ids, candidate_ids, vocab_size,
+                                        seen)
         sampled_rows = [i for i, p in enumerate(params) if not p.is_greedy]
 
         if len(sampled_rows) == batch:
@@ -262,6 +268,7 @@ class Sampler:
         output_token_ids: list[list[int]],
         candidate_ids: torch.Tensor | None = None,
         vocab_size: int | None = None,
+        seen: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """[B, V] float32 logits each row samples from (a new tensor; input untouched).
 
@@ -271,7 +278,7 @@ class Sampler:
         self._check(logits, params, prompt_token_ids, output_token_ids)
         x = logits.to(torch.float32)
         if any(p.has_penalties for p in params):
-            x = self._apply_penalties(x, params, prompt_token_ids, output_token_ids, candidate_ids, vocab_size)
+            x = self._apply_penalties(x, params, prompt_token_ids, output_token_ids, candidate_ids, vocab_size, seen)
         if all(p.is_greedy for p in params):
             return x.clone() if x.data_ptr() == logits.data_ptr() else x
 
@@ -324,6 +331,7 @@ class Sampler:
         output_token_ids: list[list[int]],
         candidate_ids: torch.Tensor | None = None,
         vocab_size: int | None = None,
+        seen: torch.Tensor | None = None,
     ) -> torch.Tensor:
         batch, vocab = x.shape[0], vocab_size or x.shape[1]
         device = x.device
@@ -345,9 +353,10 @@ class Sampler:
 
         rep_rows = [i for i, p in enumerate(params) if p.repetition_penalty != 1.0]
         if rep_rows:
-            r, t = flat_index(rep_rows, [prompt_token_ids, output_token_ids])
-            seen = torch.zeros((batch, vocab), dtype=torch.bool, device=device)
-            seen[r, t] = True
+            if seen is None:
+                r, t = flat_index(rep_rows, [prompt_token_ids, output_token_ids])
+                seen = torch.zeros((batch, vocab), dtype=torch.bool, device=device)
+                seen[r, t] = True
             seen = columns(seen)
             penalty = to_device(
                 [p.repetition_penalty for p in params], dtype=torch.float32, device=device
