@@ -12,6 +12,9 @@ from phase_timers import acc, timed
 for n in ("_advance_dirty", "_form_batch", "_run_batch"): timed(rtmod.Runtime, n)
 for n in ("run", "_forward_eager", "_decode_with_graph", "_sample", "_launch_lookahead"): timed(ex.CausalLMExecutor, n)
 timed(cg.DecodeGraphs, "run"); timed(sm.Sampler, "__call__"); timed(om.SnacDecoderExecutor, "run"); timed(om.AudioCodeMask, "candidates")
+from omniwalk.engine import seen_tokens as st, kv_cache as kc
+timed(ex.CausalLMExecutor, "_sample_on_device"); timed(st.SeenTokens, "gather"); timed(kc.PagedKVCache, "reserve")
+timed(cg.HostCopy, "wait"); timed(cg.DecodeGraphs, "copy_to_host"); timed(sm.Sampler, "process_logits")
 import os
 cuda = torch.cuda.is_available()
 sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -25,7 +28,7 @@ for c in [int(x) for x in sys.argv[1:]] or [16, 256]:
             CODES_STREAM: StreamParams(1400, StopConfig(eos_ids=frozenset({model.tokens.end_of_speech}), ignore_eos=True),
                                        SpeechRequest("x", voice="tara").sampling(i), i),
             AUDIO_STREAM: StreamParams(seed=i)}))
-    for _ in range(30): rt.step()
+    for _ in range(int(os.environ.get("PHASE_WARM", 30))): rt.step()   # context at measurement: 30 + this
     acc.clear(); sync(); t = time.perf_counter()
     for _ in range(40): rt.step()
     sync(); total = (time.perf_counter() - t) / 40

@@ -343,23 +343,31 @@ class CausalLMExecutor(NodeExecutor):
         """The sampler's output for each call's next item, nothing copied to the host.
 
         `ahead`: items the runtime has not counted yet (1 for a look-ahead step)."""
-        # logits: [num_rows, vocab] float32
+        # logits: [num_rows, columns] float32; column j scores id first + j (a model may
+        # narrow its LM head to the ids it samples: CausalLM.logit_ids)
         sequences = [self.sequences[call.stream.handle] for call in calls]
+        first, columns, vocab = 0, logits.shape[1], logits.shape[1]
+        if (logit_ids := getattr(self.model, "logit_ids", None)) is not None:
+            first, vocab = logit_ids.start, self.model.config.vocab_size
         for row, call in enumerate(calls):
             stop = call.stream.params.stop
             if call.stream.count + ahead < stop.min_items:   # no stop item before min_tokens (as HF/vLLM)
-                banned = [t for t in stop.stopping_ids() if t < logits.shape[1]]
+                banned = [t - first for t in stop.stopping_ids() if first <= t < first + columns]
                 logits[row, to_device(banned, torch.long, logits.device)] = float("-inf")
         params = [call.stream.params.sampling for call in calls]
-        candidates, vocab = None, logits.shape[1]
+        candidates = None
         if self.logits_mask is not None:   # the model's rule for what may be sampled at all
             outputs = [s.output_ids for s in sequences]
             if hasattr(self.logits_mask, "candidates") and all(p.logprobs is None for p in params):
                 # sample over the allowed columns only: the same ids, a fraction of the work
                 candidates, allowed = self.logits_mask.candidates(calls, outputs, logits.device)
-                logits = logits.gather(1, candidates).masked_fill_(~allowed, float("-inf"))
-            else:
+                logits = logits.gather(1, candidates - first if first else candidates)
+                logits.masked_fill_(~allowed, float("-inf"))
+            elif columns == vocab:
                 self.logits_mask(logits, calls, outputs)
+        if columns != vocab and candidates is None:
+            raise ValueError(f"this model scores ids [{first}, {first + columns}) only: "
+                             f"no logprobs over its {vocab}-id vocabulary")
         seen = None
         if any(p.repetition_penalty != 1.0 for p in params):
             if self.seen_tokens is None:

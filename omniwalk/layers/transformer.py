@@ -12,6 +12,7 @@ so checkpoints load by name.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from omniwalk.engine.attention import PagedAttention
@@ -122,6 +123,10 @@ class CausalLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        # The ids `compute_logits` scores: column j is id logit_ids.start + j. A model that
+        # only ever samples a few ids (Orpheus: its audio codes) narrows it to those, and the
+        # LM head reads a fifth of its weights (see CausalLMExecutor: no logprobs then).
+        self.logit_ids = range(config.vocab_size)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 attention: PagedAttention) -> torch.Tensor:
@@ -129,5 +134,8 @@ class CausalLM(nn.Module):
         return self.model(input_ids, positions, attention)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        # hidden: [num_rows, hidden] -> logits: [num_rows, vocab] fp32
-        return self.lm_head(hidden).float()
+        # hidden: [num_rows, hidden] -> logits: [num_rows, len(logit_ids)] fp32
+        ids = self.logit_ids
+        if len(ids) == self.config.vocab_size:
+            return self.lm_head(hidden).float()
+        return F.linear(hidden, self.lm_head.weight[ids.start : ids.stop]).float()

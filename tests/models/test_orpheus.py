@@ -378,16 +378,19 @@ def test_loads_a_local_checkpoint_and_snac_folder(tmp_path):
 
 
 def test_sampling_over_the_next_codebook_equals_full_vocabulary_sampling():
-    """The audio-code mask names its candidates (end_of_speech + the next frame position's
-    4096 codes at Orpheus' shape), so the sampler works on those columns only; the codes
-    equal sampling over the masked full vocabulary (Orpheus' default sampling: temperature,
-    top_p and a repetition penalty)."""
+    """The LM head scores only the ids Orpheus may sample (end_of_speech .. the last audio
+    code), and the audio-code mask names its candidates (end_of_speech + the next frame
+    position's 4096 codes at Orpheus' shape), so the sampler works on those columns only;
+    the codes equal sampling over the masked full vocabulary of the full LM head (Orpheus'
+    default sampling: temperature, top_p and a repetition penalty)."""
     outputs = {}
     for compact in (True, False):
         with Engine(EngineArgs("tiny-orpheus", device="cpu", kv_cache_tokens=8192, max_num_seqs=4)) as e:
-            mask = e.model.executors["backbone"].logits_mask
+            mask, lm = e.model.executors["backbone"].logits_mask, e.model.lm
+            assert len(lm.logit_ids) < lm.config.vocab_size
             if not compact:   # the same rule as a plain callable: the sampler sees every id
                 e.model.executors["backbone"].logits_mask = lambda logits, calls, ids: mask(logits, calls, ids)
+                lm.logit_ids = range(lm.config.vocab_size)
             defaults = dict(temperature=0.6, top_p=0.95, repetition_penalty=1.1)   # Orpheus' own
             requests = [speech(35, seed=s, **defaults) for s in (1, 2, 3)] + [
                 speech(35, seed=4, ignore_eos=False, **defaults)]

@@ -93,6 +93,12 @@ class OrpheusTokens:
         """One past the last audio-code id."""
         return self.audio_start + CODES_PER_FRAME * self.codebook_size
 
+    @property
+    def sampled_ids(self) -> range:
+        """Every id the backbone may sample (end_of_speech, then the audio codes): its LM
+        head scores these alone."""
+        return range(self.end_of_speech, self.audio_end)
+
     def code_id(self, code: int, position: int) -> int:
         """The token id of SNAC code `code` at frame position `position` (0..6)."""
         return self.audio_start + position * self.codebook_size + code

@@ -57,6 +57,7 @@ def load_orpheus(args: EngineArgs, family, folder: Path | None) -> LoadedModel:
         raise ValueError(f"vocabulary of {config.vocab_size} ids lacks Orpheus' audio codes (up to {tokens.audio_end})")
 
     lm = build_module(lambda: CausalLM(config), device, dtype, random_weights, args.seed, folder)
+    lm.logit_ids = tokens.sampled_ids   # before the decode graphs capture the LM head
     snac = _load_snac(snac_folder, random_weights, args.seed + 1).to(device).eval()
     if snac.config.codebook_size != tokens.codebook_size:
         raise ValueError(f"SNAC codebook of {snac.config.codebook_size} entries; the checkpoint's "

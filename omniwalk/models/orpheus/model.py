@@ -189,8 +189,45 @@ def noise_key(seed: int, first_frame: int) -> int:
     return row_key(seed ^ 0x534E4143, first_frame)   # salted apart from the sampler's keys
 
 
+class HostPCM:
+    """The int16 samples of one SNAC forward, on their way to pinned host memory."""
+
+    def __init__(self, samples: torch.Tensor, copied: "torch.cuda.Event | None"):
+        self.samples = samples      # [rows, samples]
+        self.copied = copied        # recorded after the copy (None: already on the host)
+
+    def rows(self) -> np.ndarray:
+        if self.copied is not None:
+            self.copied.synchronize()   # releases the GIL while it waits
+            self.copied = None
+        return self.samples.numpy()
+
+
+@dataclass(frozen=True)
+class PendingPCM:
+    """The `pcm` of one vocode call: samples [start, end) of one row of a `HostPCM`.
+
+    The codec's output reaches the host behind an event instead of a synchronizing copy,
+    so the engine loop goes on to the next step while the GPU decodes; whoever hands the
+    audio to a client (`SpeechOutputProcessor`, on the engine's output thread) waits in
+    `tobytes()`, in the order the chunks were produced."""
+
+    host: HostPCM
+    row: int
+    start: int
+    end: int
+
+    @property
+    def num_samples(self) -> int:
+        return self.end - self.start
+
+    def tobytes(self) -> bytes:
+        """int16 little-endian mono samples."""
+        return self.host.rows()[self.row, self.start:self.end].astype("<i2", copy=False).tobytes()
+
+
 class SnacDecoderExecutor(NodeExecutor):
-    """Node `snac_decoder`: (window, emit) -> pcm, int16 little-endian bytes.
+    """Node `snac_decoder`: (window, emit) -> pcm, a `PendingPCM` (int16 samples).
 
     Stateless. One SNAC forward per distinct window length in the batch (all full windows
     share one); the emitted frames are cut out after decoding, converted as the
@@ -202,8 +239,8 @@ class SnacDecoderExecutor(NodeExecutor):
         self.frame_samples = samples_per_frame(decoder.config)
         self.max_batch_size = max_batch_size
         self.device = next(decoder.parameters()).device
-        # Its own CUDA stream: the PCM copy to the host then waits for the codec's kernels
-        # only, not for the backbone's look-ahead step queued on the default stream.
+        # Its own CUDA stream: the codec's kernels run beside the backbone's look-ahead step
+        # (queued on the default stream), and the PCM copy's event waits for them alone.
         self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
 
     @torch.inference_mode()
@@ -226,16 +263,25 @@ class SnacDecoderExecutor(NodeExecutor):
             else:
                 noise = SeededNoise(keys) if self.decoder.config.noise else None
                 audio = self.decoder(self._levels(windows), noise)[:, 0]             # [rows, frames * S]
-            pcm = (audio * 32767).to(torch.int16).cpu().numpy()                  # one copy per group
+            pcm = self._to_host((audio * 32767).to(torch.int16))                  # one copy per group
             for row, index in enumerate(rows):
                 first, end = calls[index].inputs["emit"]
-                samples = pcm[row, first * self.frame_samples: end * self.frame_samples]
-                results[index] = {"pcm": samples.astype("<i2", copy=False).tobytes()}
+                results[index] = {"pcm": PendingPCM(pcm, row, first * self.frame_samples, end * self.frame_samples)}
         return results
+
+    def _to_host(self, pcm: torch.Tensor) -> "HostPCM":
+        """Start the copy of `pcm` to pinned host memory; the engine loop never waits for it."""
+        if self.stream is None:
+            return HostPCM(pcm, None)
+        host = torch.empty(pcm.shape, dtype=pcm.dtype, pin_memory=True)
+        host.copy_(pcm, non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record(self.stream)
+        return HostPCM(host, copied)
 
     def _levels(self, windows: list[Window]) -> list[torch.Tensor]:
         # [rows, frames, 7] -> level 0: c0 | level 1: c1 c4 | level 2: c2 c3 c5 c6, frame-major
-        codes = torch.tensor(np.array([w.codes for w in windows]), dtype=torch.long, device=self.device)
+        codes = to_device(np.array([w.codes for w in windows]), torch.long, self.device)
         frames = codes.view(len(windows), -1, CODES_PER_FRAME)
         return [frames[:, :, 0], frames[:, :, [1, 4]].flatten(1), frames[:, :, [2, 3, 5, 6]].flatten(1)]
 

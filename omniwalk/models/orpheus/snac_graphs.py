@@ -61,6 +61,9 @@ class SnacGraphs:
         self.host_codes = [torch.zeros(self.max_windows, frames * n, dtype=torch.long, **pinned) for n in LEVEL_CODES]
         self.host_keys = torch.zeros(2, max(self.num_blocks, 1), self.max_windows, dtype=torch.long, **pinned)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        # recorded after the staging buffers' copies: nobody waits for a replay to finish,
+        # so the next refill waits for this (long done by then) instead
+        self._staged: torch.cuda.Event | None = None
 
     def _forward(self, batch: int) -> torch.Tensor:
         noise = KeyedNoise(self.keys[0, :, :batch], self.keys[1, :, :batch]) if self.num_blocks else None
@@ -78,8 +81,6 @@ class SnacGraphs:
             return self._run_part(codes, keys)
         outputs = []
         for start in range(0, len(keys), self.max_windows):
-            if outputs and self.on_cuda:   # the staging buffers are about to be refilled
-                torch.cuda.current_stream(self.device).synchronize()
             part = slice(start, start + self.max_windows)
             outputs.append(self._run_part(codes[part], keys[part]).clone())   # the next replay reuses the output
         return torch.cat(outputs)
@@ -88,6 +89,8 @@ class SnacGraphs:
         n = len(keys)
         batch = next(b for b in self.buckets if b >= n)
         frames = np.asarray(codes, dtype=np.int64).reshape(n, self.frames, sum(LEVEL_CODES))
+        if self._staged is not None:
+            self._staged.synchronize()
         for level, positions in enumerate(FRAME_LAYOUT):   # per level: [frame 0's codes, frame 1's, ...]
             host = self.host_codes[level].numpy()
             host[:n] = frames[:, :, positions].reshape(n, -1)
@@ -103,6 +106,8 @@ class SnacGraphs:
             self.keys[:, :, :batch].copy_(self.host_keys[:, :, :batch], non_blocking=True)
         if not self.on_cuda:
             return self._forward(batch)[:n]
+        self._staged = torch.cuda.Event()
+        self._staged.record()
         graph, audio = self.graphs[batch]
         graph.replay()
         return audio[:n]

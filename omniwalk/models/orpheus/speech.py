@@ -92,7 +92,8 @@ class SpeechResult:
 
 
 class SpeechOutputProcessor:
-    """Runtime outputs of one speech request -> SpeechChunks (on the engine's loop thread)."""
+    """Runtime outputs of one speech request -> SpeechChunks (on the engine's output thread,
+    which waits there for the audio's copy to the host: `PendingPCM`)."""
 
     ends_request = False
 
@@ -106,7 +107,7 @@ class SpeechOutputProcessor:
 
     def process(self, out: RequestOutput) -> SpeechChunk:
         ids = list(out.items.get((CODES_STREAM, "codes"), []))
-        pcm = b"".join(out.items.get((AUDIO_STREAM, "audio"), []))
+        pcm = b"".join(piece.tobytes() for piece in out.items.get((AUDIO_STREAM, "audio"), []))
         self.num_ids += len(ids)
         self.num_codes += sum(1 for t in ids if t != self.model.tokens.end_of_speech)
         self.num_samples += len(pcm) // 2
