@@ -353,7 +353,7 @@ class CausalLMExecutor(NodeExecutor):
             stop = call.stream.params.stop
             if call.stream.count + ahead < stop.min_items:   # no stop item before min_tokens (as HF/vLLM)
                 banned = [t - first for t in stop.stopping_ids() if first <= t < first + columns]
-                logits[row, to_device(banned, torch.long, logits.device)] = float("-inf")
+                logits[row].index_fill_(0, to_device(banned, torch.long, logits.device), float("-inf"))
         params = [call.stream.params.sampling for call in calls]
         candidates = None
         if self.logits_mask is not None:   # the model's rule for what may be sampled at all

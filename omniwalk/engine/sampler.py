@@ -356,7 +356,7 @@ class Sampler:
             if seen is None:
                 r, t = flat_index(rep_rows, [prompt_token_ids, output_token_ids])
                 seen = torch.zeros((batch, vocab), dtype=torch.bool, device=device)
-                seen[r, t] = True
+                seen.view(-1).index_fill_(0, r * vocab + t, True)   # `seen[r, t] = True` would sync
             seen = columns(seen)
             penalty = to_device(
                 [p.repetition_penalty for p in params], dtype=torch.float32, device=device
