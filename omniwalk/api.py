@@ -165,7 +165,7 @@ class RequestStream:
 
 
 class OutputProcessor(Protocol):
-    """Turns a request's runtime outputs into what its client receives, on the loop thread.
+    """Turns a request's runtime outputs into what its client receives, on the output thread.
 
     Model families that serve other modalities (audio, images) bring their own, and may
     define `error_chunk(message)`: the final chunk, in their own type, for a request whose
@@ -175,7 +175,8 @@ class OutputProcessor(Protocol):
     ends_request: bool
 
     def process(self, out: RequestOutput) -> Any:
-        """One client chunk per runtime output; it must have `finished` set on the last."""
+        """The client chunk of a runtime output, or None when there is nothing worth a
+        wake-up yet (it is kept for a later chunk); the last output's chunk has `finished` set."""
 
 
 class TextOutputProcessor:
@@ -463,6 +464,8 @@ class Engine:
             return
         processor, stream = entry
         chunk = processor.process(out)
+        if chunk is None:
+            return
         if chunk.finished:
             with self._lock:
                 self._in_flight.pop(out.request_id, None)

@@ -4,7 +4,7 @@ One kernel serves prefill chunks and decode steps alike. A program handles BLOCK
 tokens of one sequence for one KV head, and packs the GROUP query heads that share that
 KV head into its rows, so each key/value tile is read once per KV head (GQA):
 
-    program (seq b, query block m, kv head h)
+    program (kv head h, query block m, seq b)
       rows:  r = token_in_block * GROUP + head_in_group         [BLOCK_M * GROUP rows]
       keys:  positions 0 .. min(seq_len, context + (m+1)*BLOCK_M), BLOCK_N at a time,
              each key found through the page table: slot = table[pos // PAGE] * PAGE + pos % PAGE
@@ -33,9 +33,11 @@ def _paged_attention_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
 ):
-    seq = tl.program_id(0)
+    # KV heads vary fastest: programs that run together read the same slots' rows (one
+    # slot holds every head's key), 3x faster at short decode contexts than sequence-first
+    kv_head = tl.program_id(0)
     block = tl.program_id(1)
-    kv_head = tl.program_id(2)
+    seq = tl.program_id(2)
 
     q_start = tl.load(query_start_ptr + seq)
     q_len = tl.load(query_start_ptr + seq + 1) - q_start
@@ -104,7 +106,10 @@ def paged_attention(
     block_m = 1 if max_query_len == 1 else max(1, 64 // group)
     rows = max(16, triton.next_power_of_2(block_m * group))
     num_sequences = query_start.shape[0] - 1
-    grid = (num_sequences, triton.cdiv(max_query_len, block_m), num_kv_heads)
+    grid = (num_kv_heads, triton.cdiv(max_query_len, block_m), num_sequences)
+    # decode: 2 warps do (a program has one query row per head of its group); see
+    # benchmarks/scripts/attention_decode.py
+    launch = dict(num_warps=2, num_stages=3) if max_query_len == 1 else {}
     _paged_attention_kernel[grid](
         query, key_cache, value_cache, out,
         query_start, context_lens, page_table,
@@ -115,5 +120,6 @@ def paged_attention(
         page_table.stride(0),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
         BLOCK_M=block_m, ROWS=rows, BLOCK_N=64 if page_size <= 64 else page_size, PAGE=page_size,
+        **launch,
     )
     return out

@@ -46,7 +46,8 @@ generation fields above}; unknown fields 422 as on the text /generate:
 
   not streamed: {"id", "audio" (base64 PCM), "token_ids", "sampling_rate", "finish_reason",
                  "usage": {"prompt_tokens", "output_tokens", "codes", "frames", "samples"}}
-  streamed: NDJSON, one line per engine chunk: {"id", "token_ids", "audio"}; the last line
+  streamed: NDJSON, one line per audio chunk (and the end): {"id", "token_ids" (the codes
+            sampled since the line before), "audio"}; the last line
             adds "finish_reason", "usage", "sampling_rate" (and "error" when it failed)
 
 Counting (the budget contract): `max_output_tokens` = N audio-code tokens exactly unless

@@ -77,12 +77,13 @@ def test_snac_decoder_matches_the_snac_package(config):
 
 
 def test_snac_with_its_triton_kernels_matches_the_snac_package(monkeypatch):
-    """The CUDA path's Snake and depthwise-conv kernels, in Triton's interpreter here,
-    inside the whole decoder."""
+    """The CUDA path's kernels (Snake, depthwise conv with and without a Snake after it,
+    1x1 conv with the residual add or the noise), in Triton's interpreter here, inside the
+    whole decoder."""
     pytest.importorskip("triton")
-    from omniwalk.models.orpheus import depthwise_conv, snake
-    monkeypatch.setattr(snake, "use_triton", lambda x: True)
-    monkeypatch.setattr(depthwise_conv, "use_triton", lambda x: True)
+    from omniwalk.models.orpheus import depthwise_conv, pointwise_conv, snake
+    for module in (snake, depthwise_conv, pointwise_conv):
+        monkeypatch.setattr(module, "use_triton", lambda x: True)
     reference = reference_snac(TINY_SNAC, seed=3)
     ours = SnacDecoder(TINY_SNAC)
     load_snac_state(ours, reference.state_dict())
@@ -100,6 +101,16 @@ def test_snac_with_its_triton_kernels_matches_the_snac_package(monkeypatch):
         expected = torch.nn.functional.conv1d(x, conv.weight, conv.bias, padding=3 * dilation, dilation=dilation,
                                               groups=5)
         torch.testing.assert_close(conv(x), expected, atol=1e-5, rtol=1e-5)
+        fused = depthwise_conv.depthwise_conv1d(x, conv.weight, conv.bias, dilation, 3 * dilation, snake_alpha=alpha)
+        torch.testing.assert_close(fused, snake.snake_reference(expected, alpha), atol=1e-5, rtol=1e-5)
+    # 1x1 conv: channel counts and lengths off the kernel's blocks, with and without bias / noise
+    for channels_in, channels_out, length in ((5, 7, 37), (48, 70, 300)):
+        y, residual = torch.randn(2, channels_in, length), torch.randn(2, channels_out, length)
+        weight, bias, noise = torch.randn(channels_out, channels_in, 1), torch.randn(channels_out), torch.randn(2, 1, length)
+        for b, scale in ((bias, None), (None, noise), (bias, noise)):
+            torch.testing.assert_close(pointwise_conv.pointwise_conv(y, weight, b, residual, scale),
+                                       pointwise_conv.pointwise_conv_reference(y, weight, b, residual, scale),
+                                       atol=1e-4, rtol=1e-5)
 
 
 def test_snac_loads_old_weight_norm_names():
@@ -262,6 +273,7 @@ def test_exactly_n_codes_and_the_documented_samples(engine, n):
     assert b"".join(c.pcm for c in chunks) == result.pcm
     assert [t for c in chunks for t in c.token_ids] == result.token_ids
     assert chunks[-1].finished and chunks[-1].usage == usage
+    assert all(c.pcm for c in chunks[:-1])       # codes alone wait for the next audio chunk
     assert result.pcm == expected_pcm(engine, result.token_ids, seed=11)
 
     walks = {k: v - before.get(k, 0) for k, v in engine.runtime.walk_counts.items()}

@@ -37,24 +37,26 @@ class DepthwiseConv1d(nn.Conv1d):
 
 
 def depthwise_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dilation: int,
-                     padding: int) -> torch.Tensor:
-    """x [B, C, T], weight [C, 1, K] -> [B, C, T] (stride 1, zero padding, same length)."""
+                     padding: int, snake_alpha: torch.Tensor | None = None) -> torch.Tensor:
+    """x [B, C, T], weight [C, 1, K] -> [B, C, T] (stride 1, zero padding, same length).
+    `snake_alpha` [1, C, 1]: Snake applied to the result in the same pass (as snake.py)."""
     batch, channels, length = x.shape
     taps = weight.shape[-1]
     x = x.contiguous()
     out = torch.empty_like(x)
     block = min(1024, triton.next_power_of_2(length))
     _depthwise_conv_kernel[(batch * channels, triton.cdiv(length, block))](
-        x, weight, bias if bias is not None else weight, out, channels, length, dilation, padding,
-        TAPS=taps, HAS_BIAS=bias is not None, BLOCK=block)
+        x, weight, bias if bias is not None else weight, snake_alpha if snake_alpha is not None else weight, out,
+        channels, length, dilation, padding,
+        TAPS=taps, HAS_BIAS=bias is not None, SNAKE=snake_alpha is not None, BLOCK=block)
     return out
 
 
 if triton is not None:
 
     @triton.jit
-    def _depthwise_conv_kernel(x_ptr, weight_ptr, bias_ptr, out_ptr, channels, length, dilation, padding,
-                               TAPS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+    def _depthwise_conv_kernel(x_ptr, weight_ptr, bias_ptr, alpha_ptr, out_ptr, channels, length, dilation, padding,
+                               TAPS: tl.constexpr, HAS_BIAS: tl.constexpr, SNAKE: tl.constexpr, BLOCK: tl.constexpr):
         row = tl.program_id(0)                     # batch * channels + channel
         channel = row % channels
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -68,4 +70,8 @@ if triton is not None:
             acc += tl.load(weight_ptr + channel * TAPS + tap).to(tl.float32) * value
         if HAS_BIAS:
             acc += tl.load(bias_ptr + channel).to(tl.float32)
+        if SNAKE:   # the arithmetic of snake.py's kernel
+            alpha = tl.load(alpha_ptr + channel).to(tl.float32)
+            wave = tl.sin(alpha * acc)
+            acc = acc + (1.0 / (alpha + 1e-9)) * (wave * wave)
         tl.store(out_ptr + row.to(tl.int64) * length + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)

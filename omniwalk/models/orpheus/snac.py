@@ -36,7 +36,8 @@ import torch
 from torch import nn
 
 from omniwalk.engine.sampler import hash_uniform, row_key
-from omniwalk.models.orpheus.depthwise_conv import DepthwiseConv1d
+from omniwalk.models.orpheus import pointwise_conv as pointwise
+from omniwalk.models.orpheus.depthwise_conv import DepthwiseConv1d, depthwise_conv1d
 from omniwalk.models.orpheus.snake import snake
 
 # (upsampling block index, activations [B, C, T]) -> noise [B, 1, T]
@@ -121,7 +122,13 @@ class ResidualUnit(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.block(x)
+        first_snake, conv, second_snake, last = self.block
+        if not (pointwise.use_triton(x) and isinstance(conv, DepthwiseConv1d)):
+            return x + self.block(x)
+        # three kernels: Snake; the dilated conv with the second Snake; the 1x1 conv with the add
+        y = depthwise_conv1d(first_snake(x), conv.weight, conv.bias, conv.dilation[0], conv.padding[0],
+                             snake_alpha=second_snake.alpha)
+        return pointwise.pointwise_conv(y, last.weight, last.bias, residual=x)
 
 
 class NoiseInjection(nn.Module):
@@ -132,7 +139,7 @@ class NoiseInjection(nn.Module):
         self.linear = nn.Conv1d(dim, dim, kernel_size=1, bias=False)
 
     def forward(self, x: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:  # noise: [B, 1, T]
-        return x + noise * self.linear(x)
+        return pointwise.pointwise_conv(x, self.linear.weight, None, residual=x, scale=noise)
 
 
 class UpsampleBlock(nn.Module):

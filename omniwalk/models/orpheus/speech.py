@@ -69,7 +69,8 @@ class SpeechUsage:
 
 @dataclass
 class SpeechChunk:
-    """What one request produced in one engine step; the last one has `finished` set."""
+    """Audio one request produced in an engine step, and the codes sampled since the last
+    chunk; the last one has `finished` set."""
 
     request_id: str
     pcm: bytes                                        # int16 little-endian mono samples
@@ -104,14 +105,20 @@ class SpeechOutputProcessor:
         self.num_ids = 0
         self.num_codes = 0
         self.num_samples = 0
+        self.unsent_ids: list[int] = []
 
-    def process(self, out: RequestOutput) -> SpeechChunk:
+    def process(self, out: RequestOutput) -> SpeechChunk | None:
+        """A chunk when there is audio (or the end); codes sampled in between ride along
+        with the next one (six steps of seven bring codes alone: not worth a client wake-up)."""
         ids = list(out.items.get((CODES_STREAM, "codes"), []))
         pcm = b"".join(piece.tobytes() for piece in out.items.get((AUDIO_STREAM, "audio"), []))
         self.num_ids += len(ids)
         self.num_codes += sum(1 for t in ids if t != self.model.tokens.end_of_speech)
         self.num_samples += len(pcm) // 2
-        chunk = SpeechChunk(self.request_id, pcm, ids)
+        self.unsent_ids += ids
+        if not pcm and not out.finished:
+            return None
+        chunk, self.unsent_ids = SpeechChunk(self.request_id, pcm, self.unsent_ids), []
         if out.finished:
             chunk.finished = True
             chunk.finish_reason = out.finish_reason
