@@ -147,6 +147,30 @@ def row_key(seed: int, sample_index: int) -> int:
     return _splitmix64((_splitmix64(seed & _MASK64) + (sample_index & _MASK64)) & _MASK64)
 
 
+def _as_uint64(values) -> np.ndarray:
+    """Integers as uint64 modulo 2**64 (`value & _MASK64`, as `row_key` takes them)."""
+    if isinstance(values, np.ndarray) and values.dtype.kind in "iu":
+        return values.astype(np.uint64)   # two's complement: the same bits as & _MASK64
+    if isinstance(values, (int, np.integer)):
+        return np.uint64(int(values) & _MASK64)
+    return np.fromiter((int(v) & _MASK64 for v in values), dtype=np.uint64, count=len(values))
+
+
+def _splitmix64_array(x: np.ndarray) -> np.ndarray:
+    """`_splitmix64` elementwise on uint64 (numpy's uint64 arithmetic wraps modulo 2**64)."""
+    x = x + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def row_keys(seeds, sample_indices) -> np.ndarray:
+    """`row_key` of each (seed, sample index) pair, uint64 [n] (either may be one integer):
+    a row's key costs no Python work (256 rows of a step, SNAC's windows times blocks)."""
+    with np.errstate(over="ignore"):
+        return _splitmix64_array(_splitmix64_array(_as_uint64(seeds)) + _as_uint64(sample_indices))
+
+
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
     """(x * c) mod 2**32 for int64 x in [0, 2**32) and a constant c < 2**32, without overflow."""
     hi, lo = c >> 16, c & 0xFFFF
@@ -162,9 +186,11 @@ def _fmix32(h: torch.Tensor) -> torch.Tensor:
     return h ^ (h >> 16)
 
 
-def _key_halves(keys: list[int], device) -> tuple[torch.Tensor, torch.Tensor]:
-    low = to_device([k & _MASK32 for k in keys], dtype=torch.int64, device=device)
-    high = to_device([k >> 32 for k in keys], dtype=torch.int64, device=device)
+def _key_halves(keys, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """64-bit keys (ints or uint64) -> their (low, high) 32-bit halves as int64 tensors, one copy."""
+    keys = np.asarray(keys, dtype=np.uint64)
+    halves = np.stack([keys & np.uint64(_MASK32), keys >> np.uint64(32)]).astype(np.int64)
+    low, high = to_device(halves, dtype=torch.int64, device=device)
     return low, high
 
 
@@ -175,7 +201,7 @@ def _uniform(tokens: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> tor
     return (h.to(torch.float64) + 0.5) * _INV_2_32
 
 
-def hash_uniform(keys: list[int], vocab_size: int, device: torch.device | str) -> torch.Tensor:
+def hash_uniform(keys, vocab_size: int, device: torch.device | str) -> torch.Tensor:
     """[len(keys), vocab_size] float64 uniforms in (0, 1): u[r, t] = f(keys[r], t)."""
     low, high = _key_halves(keys, device)
     tok = torch.arange(vocab_size, dtype=torch.int64, device=device)
@@ -434,7 +460,7 @@ class Sampler:
         alone, so when filtering (top-p, top-k, a logits mask) left few candidates the
         race is run over those only: the same winner, without hashing the whole
         [rows, vocab] matrix (40 million entries at 256 rows of a 157k vocabulary)."""
-        keys = [row_key(int(s), int(i)) for s, i in zip(seeds, sample_indices)]
+        keys = row_keys(seeds, sample_indices)
         if use_triton(scaled):   # one kernel, no host sync (omniwalk.engine.race_kernel)
             return race_argmax(scaled, *_key_halves(keys, scaled.device), token_ids)
         rows_count, vocab = scaled.shape

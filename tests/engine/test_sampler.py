@@ -22,7 +22,9 @@ from omniwalk.engine.sampler import (
     SamplerOutput,
     SamplingParams,
     hash_uniform,
+    _key_halves,
     row_key,
+    row_keys,
 )
 
 SAMPLER = Sampler()
@@ -278,6 +280,19 @@ def test_hash_matches_pure_python_reference(seed, sample_index):
         h = _fmix32_ref((_fmix32_ref(tok ^ (key & 0xFFFFFFFF)) + (key >> 32)) & 0xFFFFFFFF)
         assert u[tok].item() == (h + 0.5) / 2**32
     assert (u > 0).all() and (u < 1).all()
+
+
+@settings(max_examples=30, deadline=None)
+@given(seeds=st.lists(st.integers(min_value=-(2**70), max_value=2**70), min_size=1, max_size=20),
+       sample_index=st.integers(min_value=0, max_value=2**40))
+def test_vectorized_row_keys_equal_row_key(seeds, sample_index):
+    """The uint64 numpy keys (sampler rows, SNAC noise) are `row_key`'s, for any seed."""
+    indices = [sample_index + i for i in range(len(seeds))]
+    expected = [row_key(s, i) for s, i in zip(seeds, indices)]
+    assert row_keys(seeds, indices).tolist() == expected
+    assert row_keys(seeds, sample_index).tolist() == [row_key(s, sample_index) for s in seeds]
+    low, high = _key_halves(row_keys(seeds, indices), "cpu")
+    assert (high * 2**32 + low).tolist() == [k - 2**64 if k >= 2**63 else k for k in expected]
 
 
 def test_uniforms_look_uniform():

@@ -161,6 +161,12 @@ def test_orpheus_token_layout():
             assert t.code_of(token, position) == (token - 128256) - 10 - position * 4096 == code
     with pytest.raises(ValueError):
         t.code_of(t.code_id(5, 1), 2)     # a code of another frame position
+    frames = [t.code_id(code, i % 7) for i, code in enumerate([0, 4095, 7, 1, 2, 3, 9] * 2)]
+    assert t.codes_of(frames).tolist() == [t.code_of(token, i % 7) for i, token in enumerate(frames)]
+    with pytest.raises(ValueError, match="frame position 2"):
+        t.codes_of(frames[:9] + [t.code_id(5, 1)])   # index 9: position 2
+    with pytest.raises(ValueError):
+        t.codes_of([t.end_of_speech])
     assert t.prompt_ids([128000, 7, 8]) == [128259, 128000, 7, 8, 128009, 128260, 128261, 128257]
     assert "tara" in VOICES and len(VOICES) == 8
 

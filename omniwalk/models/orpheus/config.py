@@ -41,6 +41,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from omniwalk.layers.config import DecoderConfig
 from omniwalk.models import llama
 from omniwalk.models.orpheus.snac import SNAC_24KHZ, SnacConfig
@@ -109,6 +111,17 @@ class OrpheusTokens:
         if not 0 <= code < self.codebook_size:
             raise ValueError(f"token {token_id} is not an audio code for frame position {position}")
         return code
+
+    def codes_of(self, token_ids) -> np.ndarray:
+        """`code_of` over ids that start at frame position 0, at once (int64)."""
+        ids = np.asarray(token_ids, dtype=np.int64)
+        positions = np.arange(len(ids)) % CODES_PER_FRAME
+        codes = ids - self.audio_start - positions * self.codebook_size
+        bad = np.flatnonzero((codes < 0) | (codes >= self.codebook_size))
+        if len(bad):
+            first = int(bad[0])
+            raise ValueError(f"token {int(ids[first])} is not an audio code for frame position {positions[first]}")
+        return codes
 
     def prompt_ids(self, text_ids: list[int]) -> list[int]:
         """The prompt around the tokenized `"{voice}: {text}"` (bos included by the tokenizer)."""

@@ -51,7 +51,7 @@ from omniwalk.engine.causal_lm_executor import CausalLMExecutor
 from omniwalk.engine.cuda_graphs import DecodeGraphs
 from omniwalk.engine.host_to_device import to_device
 from omniwalk.engine.kv_cache import PagedKVCache
-from omniwalk.engine.sampler import row_key
+from omniwalk.engine.sampler import row_key, row_keys
 from omniwalk.graph import (
     BudgetSpec, Keep, Loop, ModelGraph, Node, Sequential, SlidingWindow, StreamEdge, StreamSpec, StreamView,
     ToClient, ToStream, Walk, WalkCall,
@@ -117,7 +117,7 @@ class Window:
         if start % CODES_PER_FRAME:
             raise ValueError(f"a window must start on a frame, got code index {start}")
         usable = len(token_ids) - len(token_ids) % CODES_PER_FRAME
-        codes = tuple(tokens.code_of(t, i % CODES_PER_FRAME) for i, t in enumerate(token_ids[:usable]))
+        codes = tuple(tokens.codes_of(token_ids[:usable]).tolist())
         return cls(start // CODES_PER_FRAME, codes)
 
 
@@ -186,7 +186,15 @@ class AudioCodeMask:
 def noise_key(seed: int, first_frame: int) -> int:
     """Key of SNAC's noise for the window starting at `first_frame` of a request: a window
     decoded twice (the final flush) gets the same noise, hence the same samples."""
-    return row_key(seed ^ 0x534E4143, first_frame)   # salted apart from the sampler's keys
+    return row_key(seed ^ NOISE_SALT, first_frame)
+
+
+NOISE_SALT = 0x534E4143   # keeps the noise keys apart from the sampler's
+
+
+def noise_keys(seeds: list[int], first_frames: list[int]) -> np.ndarray:
+    """`noise_key` of each (seed, first frame) pair, uint64."""
+    return row_keys([seed ^ NOISE_SALT for seed in seeds], np.asarray(first_frames, dtype=np.uint64))
 
 
 class HostPCM:
@@ -257,7 +265,7 @@ class SnacDecoderExecutor(NodeExecutor):
         results: list[dict[str, Any]] = [{} for _ in calls]
         for rows in by_length.values():
             windows = [calls[i].inputs["window"] for i in rows]
-            keys = [noise_key(calls[i].stream.params.seed, w.first_frame) for i, w in zip(rows, windows)]
+            keys = noise_keys([calls[i].stream.params.seed for i in rows], [w.first_frame for w in windows])
             if self.graphs is not None and windows[0].num_frames == self.graphs.frames:
                 audio = self.graphs.run(np.array([w.codes for w in windows]), keys)   # [rows, frames * S]
             else:

@@ -35,7 +35,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from omniwalk.engine.sampler import hash_uniform, row_key
+from omniwalk.engine.sampler import hash_uniform, row_keys
 from omniwalk.models.orpheus import pointwise_conv as pointwise
 from omniwalk.models.orpheus.depthwise_conv import DepthwiseConv1d, depthwise_conv1d
 from omniwalk.models.orpheus.snake import snake
@@ -261,14 +261,14 @@ class SeededNoise:
     noise is the same on CPU and GPU and whatever rows share its batch.
     """
 
-    def __init__(self, keys: list[int]):
-        self.keys = keys   # one 64-bit key per batch row
+    def __init__(self, keys):
+        self.keys = keys   # one 64-bit key per batch row (ints or uint64)
 
     def __call__(self, index: int, x: torch.Tensor) -> torch.Tensor:
         rows, _, steps = x.shape
         if rows != len(self.keys):
             raise ValueError(f"{len(self.keys)} noise keys for a batch of {rows}")
-        u = hash_uniform([row_key(key, index) for key in self.keys], 2 * steps, x.device)  # float64 (0, 1)
+        u = hash_uniform(row_keys(self.keys, index), 2 * steps, x.device)  # float64 (0, 1)
         z = torch.sqrt(-2.0 * torch.log(u[:, :steps])) * torch.cos(2.0 * math.pi * u[:, steps:])
         return z.to(x.dtype).unsqueeze(1)
 

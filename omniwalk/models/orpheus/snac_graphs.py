@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from omniwalk.engine.cuda_graphs import batch_buckets, capture_per_bucket
-from omniwalk.engine.sampler import _uniform, row_key
+from omniwalk.engine.sampler import _uniform, row_keys
 from omniwalk.models.orpheus.snac import SnacDecoder
 
 LEVEL_CODES = (1, 2, 4)   # codes per frame on SNAC's three levels (7 in all)
@@ -74,7 +74,7 @@ class SnacGraphs:
         if self.on_cuda:
             self.graphs = capture_per_bucket(self.device, self.buckets, self._forward)
 
-    def run(self, codes: np.ndarray, keys: list[int]) -> torch.Tensor:
+    def run(self, codes: np.ndarray, keys) -> torch.Tensor:
         """Audio [n, frames * hop_length] of n full windows: `codes` [n, frames * 7] int
         (frame-major, as the LM emits them), `keys` the windows' noise keys."""
         if len(keys) <= self.max_windows:
@@ -85,7 +85,7 @@ class SnacGraphs:
             outputs.append(self._run_part(codes[part], keys[part]).clone())   # the next replay reuses the output
         return torch.cat(outputs)
 
-    def _run_part(self, codes: np.ndarray, keys: list[int]) -> torch.Tensor:
+    def _run_part(self, codes: np.ndarray, keys) -> torch.Tensor:
         n = len(keys)
         batch = next(b for b in self.buckets if b >= n)
         frames = np.asarray(codes, dtype=np.int64).reshape(n, self.frames, sum(LEVEL_CODES))
@@ -100,9 +100,9 @@ class SnacGraphs:
             halves = self.host_keys.numpy()
             halves[:, :, :batch] = 0
             for block in range(self.num_blocks):
-                block_keys = [row_key(key, block) for key in keys]
-                halves[0, block, :n] = [k & 0xFFFFFFFF for k in block_keys]
-                halves[1, block, :n] = [k >> 32 for k in block_keys]
+                block_keys = row_keys(keys, block)
+                halves[0, block, :n] = (block_keys & np.uint64(0xFFFFFFFF)).astype(np.int64)
+                halves[1, block, :n] = (block_keys >> np.uint64(32)).astype(np.int64)
             self.keys[:, :, :batch].copy_(self.host_keys[:, :, :batch], non_blocking=True)
         if not self.on_cuda:
             return self._forward(batch)[:n]
