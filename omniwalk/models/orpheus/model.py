@@ -183,13 +183,13 @@ class AudioCodeMask:
         logits.masked_fill_(~allowed, float("-inf"))
 
 
+NOISE_SALT = 0x534E4143   # keeps the noise keys apart from the sampler's
+
+
 def noise_key(seed: int, first_frame: int) -> int:
     """Key of SNAC's noise for the window starting at `first_frame` of a request: a window
     decoded twice (the final flush) gets the same noise, hence the same samples."""
     return row_key(seed ^ NOISE_SALT, first_frame)
-
-
-NOISE_SALT = 0x534E4143   # keeps the noise keys apart from the sampler's
 
 
 def noise_keys(seeds: list[int], first_frames: list[int]) -> np.ndarray:
@@ -224,10 +224,6 @@ class PendingPCM:
     row: int
     start: int
     end: int
-
-    @property
-    def num_samples(self) -> int:
-        return self.end - self.start
 
     def tobytes(self) -> bytes:
         """int16 little-endian mono samples."""
