@@ -1,0 +1,67 @@
+"""Host time of an Orpheus runtime step, without the models' compute (CPU, no GPU needed).
+
+tiny-orpheus on the GPU's code path (decode graphs, run eagerly on a CPU, hence the
+look-ahead step; SNAC graphs), with the backbone's forward and the codec replaced by zeros
+of the right shapes and the sampler's race by an argmax (on a GPU: one kernel each). What
+a step costs is then the runtime's per-stream work, the executors' bookkeeping, the
+sampler's Python and small kernels, and the SNAC executor's window handling:
+
+    PYTHONPATH=. python benchmarks/scripts/host_orpheus.py [C] [--profile]
+
+The absolute times are this machine's; compare before/after on one machine.
+"""
+import cProfile, pstats, sys, time
+
+import torch
+
+from omniwalk import loading
+from omniwalk.engine import sampler
+from omniwalk.layers.transformer import CausalLM
+from omniwalk.loading import EngineArgs, load_model
+from omniwalk.models.orpheus import loading as orpheus_loading, snac
+from omniwalk.models.orpheus.model import AUDIO_STREAM, CODES_STREAM, OrpheusPrompt
+from omniwalk.models.orpheus.speech import SpeechRequest
+from omniwalk.runtime import Request, Runtime, SchedulerConfig, StopConfig, StreamParams
+
+
+def zeros_forward(self, input_ids, positions, attention, *extra):
+    return torch.zeros(input_ids.shape[0], self.config.hidden_size)
+
+
+def zeros_audio(self, codes, noise=None):
+    return torch.zeros(codes[-1].shape[0], 1, codes[-1].shape[1] * self.config.hop_length)
+
+
+def main():
+    streams = int(next((a for a in sys.argv[1:] if a.isdigit()), 256))
+    CausalLM.forward = zeros_forward
+    snac.SnacDecoder.forward = zeros_audio
+    orpheus_loading.uses_decode_graphs = loading.uses_decode_graphs = lambda args, device: True
+    sampler.use_triton = lambda x: True
+    sampler.race_argmax = lambda scaled, low, high, token_ids=None: scaled.argmax(dim=-1)
+    loaded = load_model(EngineArgs("tiny-orpheus", device="cpu", max_num_seqs=streams, kv_cache_tokens=1 << 18))
+    model = loaded.served
+    runtime = Runtime(model, SchedulerConfig(streams, 8192))
+    for i in range(streams):
+        runtime.add_request(Request(f"r{i}", OrpheusPrompt(list(range(300, 330))), {
+            CODES_STREAM: StreamParams(1400, StopConfig(eos_ids=frozenset({model.tokens.end_of_speech}),
+                                                        ignore_eos=True), SpeechRequest("x").sampling(i), i),
+            AUDIO_STREAM: StreamParams(seed=i)}))
+    for _ in range(35):
+        runtime.step()
+    steps = 70   # ten frames: every phase of the 7-step window cycle equally
+    start = time.perf_counter()
+    for _ in range(steps):
+        runtime.step()
+    print(f"{streams} streams: {(time.perf_counter() - start) / steps * 1e3:.2f} ms of host time a step")
+    if "--profile" in sys.argv:
+        profile = cProfile.Profile()
+        profile.enable()
+        for _ in range(steps):
+            runtime.step()
+        profile.disable()
+        pstats.Stats(profile).sort_stats(sys.argv[-1] if sys.argv[-1] in ("cumtime", "tottime") else "tottime").print_stats(45)
+
+
+if __name__ == "__main__":
+    main()
