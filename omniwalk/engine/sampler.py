@@ -35,6 +35,7 @@ difference in ``log`` (only an exact float64 tie in the race can be affected).
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 
 import numpy as np
@@ -211,8 +212,63 @@ def hash_uniform(keys, vocab_size: int, device: torch.device | str) -> torch.Ten
 # ----------------------------------------------------------------------------- sampler
 
 
+class RowSettings:
+    """One batch's per-row sampling settings: which filters run on which rows, and their
+    values as [B, 1] device tensors. A decode batch keeps its rows for many steps, so the
+    sampler builds these once per batch (`Sampler.rows_for`), not per step: 256 rows
+    cost ~1 ms of host time a step to re-read and copy."""
+
+    def __init__(self, params: list[SamplingParams], device: torch.device | str):
+        self.params = list(params)   # held: the cache compares these objects by identity
+        self.device = device
+        self.greedy = [p.is_greedy for p in params]
+        self.all_greedy = all(self.greedy)
+        self.any_greedy = any(self.greedy)
+        self.sampled_rows = [i for i, g in enumerate(self.greedy) if not g]
+        self.want_logprobs = any(p.logprobs is not None for p in params)
+        self.max_logprobs = max((p.logprobs or 0 for p in params), default=0)
+        self.has_penalties = any(p.has_penalties for p in params)
+        self.rep_rows = [i for i, p in enumerate(params) if p.repetition_penalty != 1.0]
+        self.out_rows = [i for i, p in enumerate(params) if p.presence_penalty != 0.0 or p.frequency_penalty != 0.0]
+        self.use_top_p = [not g and p.top_p < 1.0 for p, g in zip(params, self.greedy)]
+        self.use_min_p = [not g and p.min_p > 0.0 for p, g in zip(params, self.greedy)]
+        self._top_k: dict[int, list[bool]] = {}
+        self._tensors: dict = {}
+
+    def tensor(self, name: str, values, dtype: torch.dtype) -> torch.Tensor:
+        """[B, 1] device tensor `name`, copied from `values()` the first time it is asked for."""
+        found = self._tensors.get(name)
+        if found is None:
+            found = self._tensors[name] = to_device(values(), dtype=dtype, device=self.device).unsqueeze(1)
+        return found
+
+    def use_top_k(self, vocab: int) -> list[bool]:
+        found = self._top_k.get(vocab)
+        if found is None:
+            found = self._top_k[vocab] = [not g and 0 < p.top_k < vocab for p, g in zip(self.params, self.greedy)]
+        return found
+
+    def matches(self, params: list[SamplingParams], device) -> bool:
+        return (len(params) == len(self.params) and self.device == device
+                and all(map(operator.is_, params, self.params)))
+
+
 class Sampler:
-    """Stateless; see the module docstring for the semantics."""
+    """No state but a cache of recent batches' `RowSettings`; see the module docstring for
+    the semantics."""
+
+    def __init__(self, cached_batches: int = 4):
+        self._recent: list[RowSettings] = []
+        self._cached_batches = cached_batches
+
+    def rows_for(self, params: list[SamplingParams], device: torch.device | str) -> RowSettings:
+        """The settings of a batch with these params objects (in this order), built once."""
+        for rows in self._recent:
+            if rows.matches(params, device):
+                return rows
+        rows = RowSettings(params, device)
+        self._recent = [rows] + self._recent[: self._cached_batches - 1]
+        return rows
 
     def __call__(
         self,
@@ -242,16 +298,16 @@ class Sampler:
                 f"must have one entry per row ({batch})"
             )
 
-        want_logprobs = any(p.logprobs is not None for p in params)
+        rows = self.rows_for(params, logits.device)
+        want_logprobs = rows.want_logprobs
         if candidate_ids is not None and want_logprobs:
             raise ValueError("logprobs need the full vocabulary: no candidate_ids with them")
-        all_greedy = all(p.is_greedy for p in params)
-        if all_greedy and not want_logprobs and not any(p.has_penalties for p in params):
+        if rows.all_greedy and not want_logprobs and not rows.has_penalties:
             return SamplerOutput(self._vocabulary_ids(logits.argmax(dim=-1), candidate_ids), None, None, None)
 
         processed = self.process_logits(logits, params, prompt_token_ids, output_token_ids, candidate_ids, vocab_size,
                                         seen)
-        sampled_rows = [i for i, p in enumerate(params) if not p.is_greedy]
+        sampled_rows = rows.sampled_rows
 
         if len(sampled_rows) == batch:
             token_ids = self._race(processed, seeds, sample_indices, candidate_ids)
@@ -272,7 +328,7 @@ class Sampler:
 
         raw_logprobs = torch.log_softmax(logits.to(torch.float32), dim=-1)
         chosen_lp = raw_logprobs.gather(1, token_ids.unsqueeze(1)).squeeze(1)
-        k = min(max(p.logprobs or 0 for p in params), logits.shape[1])
+        k = min(rows.max_logprobs, logits.shape[1])
         top_ids = top_lp = None
         if k > 0:
             top_lp, top_ids = torch.topk(raw_logprobs, k, dim=-1, largest=True, sorted=True)
@@ -302,57 +358,44 @@ class Sampler:
         with tokens removed by top_k / top_p / min_p set to -inf.
         """
         self._check(logits, params, prompt_token_ids, output_token_ids)
+        rows = self.rows_for(params, logits.device)
         x = logits.to(torch.float32)
-        if any(p.has_penalties for p in params):
-            x = self._apply_penalties(x, params, prompt_token_ids, output_token_ids, candidate_ids, vocab_size, seen)
-        if all(p.is_greedy for p in params):
+        if rows.has_penalties:
+            x = self._apply_penalties(x, rows, prompt_token_ids, output_token_ids, candidate_ids, vocab_size, seen)
+        if rows.all_greedy:
             return x.clone() if x.data_ptr() == logits.data_ptr() else x
 
-        device = x.device
         # Greedy rows ride along with neutral settings (T=1, nothing masked); their
         # values are restored at the end.
-        greedy = [p.is_greedy for p in params]
-        temps = to_device(
-            [1.0 if p.is_greedy else max(p.temperature, _MIN_TEMPERATURE) for p in params],
-            dtype=torch.float32, device=device,
-        ).unsqueeze(1)
+        temps = rows.tensor("temperature", lambda: [1.0 if p.is_greedy else max(p.temperature, _MIN_TEMPERATURE)
+                                                    for p in params], torch.float32)
         scaled = x / temps
 
-        vocab = x.shape[1]
-        use_top_k = [not g and 0 < p.top_k < vocab for p, g in zip(params, greedy)]
-        use_top_p = [not g and p.top_p < 1.0 for p, g in zip(params, greedy)]
-        use_min_p = [not g and p.min_p > 0.0 for p, g in zip(params, greedy)]
-
+        use_top_k, use_top_p, use_min_p = rows.use_top_k(x.shape[1]), rows.use_top_p, rows.use_min_p
         sort_rows = [i for i in range(len(params)) if use_top_k[i] or use_top_p[i]]
         if len(sort_rows) == len(params):
-            scaled = self._top_k_top_p(scaled, params, use_top_k, use_top_p)
+            scaled = self._top_k_top_p(scaled, rows, use_top_k)
         elif sort_rows:  # sort only the rows that need it
-            idx = to_device(sort_rows, dtype=torch.int64, device=device)
-            sub = self._top_k_top_p(
-                scaled.index_select(0, idx),
-                [params[i] for i in sort_rows],
-                [use_top_k[i] for i in sort_rows],
-                [use_top_p[i] for i in sort_rows],
-            )
+            idx = to_device(sort_rows, dtype=torch.int64, device=x.device)
+            sub_rows = self.rows_for([params[i] for i in sort_rows], x.device)
+            sub = self._top_k_top_p(scaled.index_select(0, idx), sub_rows, [use_top_k[i] for i in sort_rows])
             scaled = scaled.index_copy(0, idx, sub)
         if any(use_min_p):
             # p_i < min_p * p_max  <=>  l_i < l_max + log(min_p)   (l: scaled logits)
-            log_min_p = to_device(
-                [math.log(p.min_p) if m else -math.inf for p, m in zip(params, use_min_p)],
-                dtype=torch.float32, device=device,
-            ).unsqueeze(1)
+            log_min_p = rows.tensor("log_min_p", lambda: [math.log(p.min_p) if m else -math.inf
+                                                          for p, m in zip(params, use_min_p)], torch.float32)
             row_max = scaled.amax(dim=-1, keepdim=True)
             scaled = scaled.masked_fill(scaled < row_max + log_min_p, -math.inf)
 
-        if any(greedy):
-            greedy_mask = to_device(greedy, dtype=torch.bool, device=device).unsqueeze(1)
+        if rows.any_greedy:
+            greedy_mask = rows.tensor("greedy", lambda: rows.greedy, torch.bool)
             scaled = torch.where(greedy_mask, x, scaled)
         return scaled
 
     @staticmethod
     def _apply_penalties(
         x: torch.Tensor,
-        params: list[SamplingParams],
+        rows: RowSettings,
         prompt_token_ids: list[list[int]],
         output_token_ids: list[list[int]],
         candidate_ids: torch.Tensor | None = None,
@@ -361,6 +404,7 @@ class Sampler:
     ) -> torch.Tensor:
         batch, vocab = x.shape[0], vocab_size or x.shape[1]
         device = x.device
+        params = rows.params
 
         def columns(table: torch.Tensor) -> torch.Tensor:
             # [batch, vocab] per-id values -> the columns of x (the candidates' ids, if any)
@@ -377,46 +421,32 @@ class Sampler:
             ok = (tokens >= 0) & (tokens < vocab)
             return to_device(row_of[ok], device=device), to_device(tokens[ok], device=device)
 
-        rep_rows = [i for i, p in enumerate(params) if p.repetition_penalty != 1.0]
+        rep_rows = rows.rep_rows
         if rep_rows:
             if seen is None:
                 r, t = flat_index(rep_rows, [prompt_token_ids, output_token_ids])
                 seen = torch.zeros((batch, vocab), dtype=torch.bool, device=device)
                 seen.view(-1).index_fill_(0, r * vocab + t, True)   # `seen[r, t] = True` would sync
             seen = columns(seen)
-            penalty = to_device(
-                [p.repetition_penalty for p in params], dtype=torch.float32, device=device
-            ).unsqueeze(1)
+            penalty = rows.tensor("repetition_penalty", lambda: [p.repetition_penalty for p in params], torch.float32)
             penalized = torch.where(x < 0, x * penalty, x / penalty)
             x = torch.where(seen, penalized, x)
 
-        out_rows = [
-            i for i, p in enumerate(params)
-            if p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
-        ]
+        out_rows = rows.out_rows
         if out_rows:
             r, t = flat_index(out_rows, [output_token_ids])
             counts = torch.zeros((batch, vocab), dtype=torch.float32, device=device)
             counts.index_put_((r, t), torch.ones_like(t, dtype=torch.float32), accumulate=True)
             counts = columns(counts)
-            freq = to_device(
-                [p.frequency_penalty for p in params], dtype=torch.float32, device=device
-            ).unsqueeze(1)
-            pres = to_device(
-                [p.presence_penalty for p in params], dtype=torch.float32, device=device
-            ).unsqueeze(1)
+            freq = rows.tensor("frequency_penalty", lambda: [p.frequency_penalty for p in params], torch.float32)
+            pres = rows.tensor("presence_penalty", lambda: [p.presence_penalty for p in params], torch.float32)
             x = x - freq * counts
             x = x - pres * (counts > 0).to(torch.float32)
         return x
 
     @staticmethod
-    def _top_k_top_p(
-        scaled: torch.Tensor,
-        params: list[SamplingParams],
-        use_top_k: list[bool],
-        use_top_p: list[bool],
-    ) -> torch.Tensor:
-        device = scaled.device
+    def _top_k_top_p(scaled: torch.Tensor, rows: RowSettings, use_top_k: list[bool]) -> torch.Tensor:
+        params, use_top_p = rows.params, rows.use_top_p
         vocab = scaled.shape[1]
         # One stable descending sort serves both filters; rows that use neither are
         # forced to keep everything, so their values do not depend on batch-mates.
@@ -424,24 +454,20 @@ class Sampler:
         keep = torch.ones_like(sorted_vals, dtype=torch.bool)
 
         if any(use_top_k):
-            k = to_device(
-                [p.top_k if u else vocab for p, u in zip(params, use_top_k)],
-                dtype=torch.int64, device=device,
-            ).unsqueeze(1)
+            k = rows.tensor(f"top_k/{vocab}", lambda: [p.top_k if u else vocab for p, u in zip(params, use_top_k)],
+                            torch.int64)
             kth = sorted_vals.gather(1, k - 1)
-            active = to_device(use_top_k, dtype=torch.bool, device=device).unsqueeze(1)
+            active = rows.tensor(f"use_top_k/{vocab}", lambda: use_top_k, torch.bool)
             # HF semantics: ties with the k-th value are kept
             keep = keep & ((sorted_vals >= kth) | ~active)
 
         if any(use_top_p):
-            top_p = to_device(
-                [p.top_p if u else 1.0 for p, u in zip(params, use_top_p)],
-                dtype=torch.float32, device=device,
-            ).unsqueeze(1)
+            top_p = rows.tensor("top_p", lambda: [p.top_p if u else 1.0 for p, u in zip(params, use_top_p)],
+                                torch.float32)
             probs = torch.softmax(sorted_vals.masked_fill(~keep, -math.inf), dim=-1)
             cum = probs.cumsum(dim=-1)
             exclusive = F.pad(cum[:, :-1], (1, 0))  # mass strictly before each token
-            active = to_device(use_top_p, dtype=torch.bool, device=device).unsqueeze(1)
+            active = rows.tensor("use_top_p", lambda: use_top_p, torch.bool)
             # keep a token while the mass before it is below top_p (the first always)
             keep = keep & ((exclusive < top_p) | ~active)
 

@@ -226,7 +226,8 @@ class Runtime:
         if not is_stop_item:   # a stop item is counted, never rendered downstream
             consumer = stream.owner.streams[instruction.stream]
             consumer.buffer.push([stream.env[instruction.value]])
-            self._wake_consumer(consumer)
+            if consumer.buffer.has_ready:   # waking it for a push that completes no chunk is a no-op
+                self._wake_consumer(consumer)
 
     def _enter_loop(self, stream: StreamState, instruction: EnterLoop) -> None:
         stream.loop_counts[instruction.loop] = 0

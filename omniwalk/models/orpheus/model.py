@@ -158,19 +158,30 @@ class AudioCodeMask:
 
     def __init__(self, tokens: OrpheusTokens):
         self.tokens = tokens
+        self._tables: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _table(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Row `position + 7 * may_stop`: the candidates (end_of_speech, then the codebook
+        of that frame position) and which of them may be sampled; made once per device."""
+        found = self._tables.get(device)
+        if found is None:
+            size = self.tokens.codebook_size
+            position = torch.arange(CODES_PER_FRAME).repeat(2)
+            codes = self.tokens.audio_start + position.unsqueeze(1) * size + torch.arange(size)
+            ids = torch.cat([torch.full((2 * CODES_PER_FRAME, 1), self.tokens.end_of_speech), codes], dim=1)
+            allowed = torch.ones(ids.shape, dtype=torch.bool)
+            allowed[:CODES_PER_FRAME, 0] = False
+            found = self._tables[device] = (ids.to(device), allowed.to(device))
+        return found
 
     def candidates(self, calls: list[NodeCall], output_ids: list[list[int]],
                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """Per row: end_of_speech, then the codebook of the next frame position (ascending
         ids), and which of them may be sampled now ([rows, 1 + codebook_size] each)."""
-        size = self.tokens.codebook_size
-        position = to_device([len(ids) % CODES_PER_FRAME for ids in output_ids], device=device)
-        codes = self.tokens.audio_start + position.unsqueeze(1) * size + torch.arange(size, device=device)
-        eos = torch.full((len(calls), 1), self.tokens.end_of_speech, dtype=codes.dtype, device=device)
-        may_stop = to_device([not call.stream.params.stop.ignore_eos for call in calls], device=device)
-        allowed = torch.ones((len(calls), 1 + size), dtype=torch.bool, device=device)
-        allowed[:, 0] = may_stop
-        return torch.cat([eos, codes], dim=1), allowed
+        ids, allowed = self._table(torch.device(device))
+        index = to_device([len(out) % CODES_PER_FRAME + (0 if call.stream.params.stop.ignore_eos else CODES_PER_FRAME)
+                           for call, out in zip(calls, output_ids)], torch.long, device)
+        return ids.index_select(0, index), allowed.index_select(0, index)
 
     def __call__(self, logits: torch.Tensor, calls: list[NodeCall], output_ids: list[list[int]]) -> None:
         device, size = logits.device, self.tokens.codebook_size
