@@ -10,7 +10,7 @@ from triton.compiler import ASTSource
 
 from omniwalk.engine import cross_attention, race_kernel
 from omniwalk.layers import causal_conv, fused_ops, gated_delta_rule_triton
-from omniwalk.models.orpheus import depthwise_conv, pointwise_conv, snake, transposed_conv
+from omniwalk.models.orpheus import depthwise_conv, pointwise_conv, snake
 
 NORM = {"x_ptr": "*bf16", "residual_ptr": "*bf16", "weight_ptr": "*bf16", "out_ptr": "*bf16",
         "residual_out_ptr": "*bf16", "stride_x": "i32", "stride_residual": "i32", "eps": "fp32", "width": "i32",
@@ -54,19 +54,11 @@ KERNELS = [
      {"x_ptr": "*fp32", "alpha_ptr": "*fp32", "out_ptr": "*fp32", "channels": "i32", "length": "i32",
       "BLOCK": "constexpr"}, {"BLOCK": 1024}),
 ] + [
-    (f"depthwise conv{' + snake' * with_snake}{' after snake' * input_snake}", depthwise_conv._depthwise_conv_kernel,
-     {"x_ptr": "*fp32", "weight_ptr": "*fp32", "bias_ptr": "*fp32", "alpha_ptr": "*fp32", "input_alpha_ptr": "*fp32",
-      "out_ptr": "*fp32", "channels": "i32", "length": "i32", "dilation": "i32", "padding": "i32", "TAPS": "constexpr",
-      "HAS_BIAS": "constexpr", "SNAKE": "constexpr", "INPUT_SNAKE": "constexpr", "BLOCK": "constexpr"},
-     {"TAPS": 7, "HAS_BIAS": True, "SNAKE": with_snake, "INPUT_SNAKE": input_snake, "BLOCK": 1024})
-    for with_snake in (False, True) for input_snake in (False, True)
-] + [
-    (f"snake + transposed conv{' tf32' * tf32}", transposed_conv._snake_conv_transpose_kernel,
-     {"x_ptr": "*fp32", "alpha_ptr": "*fp32", "weight_ptr": "*fp32", "bias_ptr": "*fp32", "out_ptr": "*fp32",
-      "channels_in": "i32", "channels_out": "i32", "length": "i32", "length_out": "i32", "columns": "i32",
-      "rate": "i32", "padding": "i32", "HAS_BIAS": "constexpr", "TF32": "constexpr", "BLOCK_O": "constexpr",
-      "BLOCK_N": "constexpr", "BLOCK_I": "constexpr"},
-     {"HAS_BIAS": True, "TF32": tf32, "BLOCK_O": 64, "BLOCK_N": 64, "BLOCK_I": 32}) for tf32 in (False, True)
+    (f"depthwise conv{' + snake' * with_snake}", depthwise_conv._depthwise_conv_kernel,
+     {"x_ptr": "*fp32", "weight_ptr": "*fp32", "bias_ptr": "*fp32", "alpha_ptr": "*fp32", "out_ptr": "*fp32",
+      "channels": "i32", "length": "i32", "dilation": "i32", "padding": "i32", "TAPS": "constexpr",
+      "HAS_BIAS": "constexpr", "SNAKE": "constexpr", "BLOCK": "constexpr"},
+     {"TAPS": 7, "HAS_BIAS": True, "SNAKE": with_snake, "BLOCK": 1024}) for with_snake in (False, True)
 ] + [
     (f"pointwise conv{' (noise)' * noise}{' tf32' * tf32}", pointwise_conv._pointwise_conv_kernel,
      {"y_ptr": "*fp32", "weight_ptr": "*fp32", "bias_ptr": "*fp32", "residual_ptr": "*fp32", "scale_ptr": "*fp32",

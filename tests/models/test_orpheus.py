@@ -77,12 +77,12 @@ def test_snac_decoder_matches_the_snac_package(config):
 
 
 def test_snac_with_its_triton_kernels_matches_the_snac_package(monkeypatch):
-    """The CUDA path's kernels (Snake, depthwise conv with Snakes before / after it, 1x1
-    conv with the residual add or the noise, Snake + transposed conv), in Triton's
-    interpreter here, inside the whole decoder and alone at shapes off their blocks."""
+    """The CUDA path's kernels (Snake, depthwise conv with and without a Snake after it,
+    1x1 conv with the residual add or the noise), in Triton's interpreter here, inside the
+    whole decoder."""
     pytest.importorskip("triton")
-    from omniwalk.models.orpheus import depthwise_conv, pointwise_conv, snake, transposed_conv
-    for module in (snake, depthwise_conv, pointwise_conv, transposed_conv):
+    from omniwalk.models.orpheus import depthwise_conv, pointwise_conv, snake
+    for module in (snake, depthwise_conv, pointwise_conv):
         monkeypatch.setattr(module, "use_triton", lambda x: True)
     reference = reference_snac(TINY_SNAC, seed=3)
     ours = SnacDecoder(TINY_SNAC)
@@ -103,23 +103,6 @@ def test_snac_with_its_triton_kernels_matches_the_snac_package(monkeypatch):
         torch.testing.assert_close(conv(x), expected, atol=1e-5, rtol=1e-5)
         fused = depthwise_conv.depthwise_conv1d(x, conv.weight, conv.bias, dilation, 3 * dilation, snake_alpha=alpha)
         torch.testing.assert_close(fused, snake.snake_reference(expected, alpha), atol=1e-5, rtol=1e-5)
-        alpha_in = torch.rand(1, 5, 1) + 0.5
-        both = depthwise_conv.depthwise_conv1d(x, conv.weight, conv.bias, dilation, 3 * dilation, snake_alpha=alpha,
-                                               input_snake_alpha=alpha_in)
-        expected_both = snake.snake_reference(torch.nn.functional.conv1d(
-            snake.snake_reference(x, alpha_in), conv.weight, conv.bias, padding=3 * dilation, dilation=dilation,
-            groups=5), alpha)
-        torch.testing.assert_close(both, expected_both, atol=1e-5, rtol=1e-5)
-    # Snake + transposed conv at SNAC's rates (and an odd one), channels off the blocks
-    for channels_in, channels_out, length, rate in ((40, 20, 5, 8), (24, 70, 9, 4), (17, 9, 33, 2), (6, 5, 7, 3)):
-        x_in, alpha_in = torch.randn(3, channels_in, length), torch.rand(1, channels_in, 1) + 0.5
-        upsample = torch.nn.ConvTranspose1d(channels_in, channels_out, 2 * rate, rate, padding=(rate + 1) // 2,
-                                            output_padding=rate % 2)
-        got = transposed_conv.snake_conv_transpose(x_in, alpha_in, upsample.weight, upsample.bias, rate,
-                                                   upsample.padding[0], upsample.output_padding[0])
-        expected_up = upsample(snake.snake_reference(x_in, alpha_in))
-        assert got.shape == expected_up.shape == (3, channels_out, length * rate)
-        torch.testing.assert_close(got, expected_up, atol=1e-4, rtol=1e-5)
     # 1x1 conv: channel counts and lengths off the kernel's blocks, with and without bias / noise
     for channels_in, channels_out, length in ((5, 7, 37), (48, 70, 300)):
         y, residual = torch.randn(2, channels_in, length), torch.randn(2, channels_out, length)

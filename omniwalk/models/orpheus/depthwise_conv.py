@@ -37,46 +37,36 @@ class DepthwiseConv1d(nn.Conv1d):
 
 
 def depthwise_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dilation: int,
-                     padding: int, snake_alpha: torch.Tensor | None = None,
-                     input_snake_alpha: torch.Tensor | None = None) -> torch.Tensor:
+                     padding: int, snake_alpha: torch.Tensor | None = None) -> torch.Tensor:
     """x [B, C, T], weight [C, 1, K] -> [B, C, T] (stride 1, zero padding, same length).
-    `snake_alpha` [1, C, 1]: Snake applied to the result in the same pass (as snake.py);
-    `input_snake_alpha`: Snake applied to the input first (on every tap it reads: seven
-    sines an output instead of a whole pass over the activations)."""
+    `snake_alpha` [1, C, 1]: Snake applied to the result in the same pass (as snake.py)."""
     batch, channels, length = x.shape
     taps = weight.shape[-1]
     x = x.contiguous()
     out = torch.empty_like(x)
     block = min(1024, triton.next_power_of_2(length))
     _depthwise_conv_kernel[(batch * channels, triton.cdiv(length, block))](
-        x, weight, bias if bias is not None else weight, snake_alpha if snake_alpha is not None else weight,
-        input_snake_alpha if input_snake_alpha is not None else weight, out, channels, length, dilation, padding,
-        TAPS=taps, HAS_BIAS=bias is not None, SNAKE=snake_alpha is not None,
-        INPUT_SNAKE=input_snake_alpha is not None, BLOCK=block)
+        x, weight, bias if bias is not None else weight, snake_alpha if snake_alpha is not None else weight, out,
+        channels, length, dilation, padding,
+        TAPS=taps, HAS_BIAS=bias is not None, SNAKE=snake_alpha is not None, BLOCK=block)
     return out
 
 
 if triton is not None:
 
     @triton.jit
-    def _depthwise_conv_kernel(x_ptr, weight_ptr, bias_ptr, alpha_ptr, input_alpha_ptr, out_ptr, channels, length,
-                               dilation, padding, TAPS: tl.constexpr, HAS_BIAS: tl.constexpr, SNAKE: tl.constexpr,
-                               INPUT_SNAKE: tl.constexpr, BLOCK: tl.constexpr):
+    def _depthwise_conv_kernel(x_ptr, weight_ptr, bias_ptr, alpha_ptr, out_ptr, channels, length, dilation, padding,
+                               TAPS: tl.constexpr, HAS_BIAS: tl.constexpr, SNAKE: tl.constexpr, BLOCK: tl.constexpr):
         row = tl.program_id(0)                     # batch * channels + channel
         channel = row % channels
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = cols < length
         base = x_ptr + row.to(tl.int64) * length
         acc = tl.zeros([BLOCK], dtype=tl.float32)
-        if INPUT_SNAKE:
-            input_alpha = tl.load(input_alpha_ptr + channel).to(tl.float32)
         for tap in tl.static_range(TAPS):
             source = cols + tap * dilation - padding
             inside = mask & (source >= 0) & (source < length)
             value = tl.load(base + source, mask=inside, other=0.0).to(tl.float32)
-            if INPUT_SNAKE:   # snake(0) = 0: the zero padding stays zero
-                wave = tl.sin(input_alpha * value)
-                value = value + (1.0 / (input_alpha + 1e-9)) * (wave * wave)
             acc += tl.load(weight_ptr + channel * TAPS + tap).to(tl.float32) * value
         if HAS_BIAS:
             acc += tl.load(bias_ptr + channel).to(tl.float32)

@@ -39,7 +39,6 @@ from omniwalk.engine.sampler import hash_uniform, row_keys
 from omniwalk.models.orpheus import pointwise_conv as pointwise
 from omniwalk.models.orpheus.depthwise_conv import DepthwiseConv1d, depthwise_conv1d
 from omniwalk.models.orpheus.snake import snake
-from omniwalk.models.orpheus.transposed_conv import snake_conv_transpose
 
 # (upsampling block index, activations [B, C, T]) -> noise [B, 1, T]
 NoiseSource = Callable[[int, torch.Tensor], torch.Tensor]
@@ -126,9 +125,9 @@ class ResidualUnit(nn.Module):
         first_snake, conv, second_snake, last = self.block
         if not (pointwise.use_triton(x) and isinstance(conv, DepthwiseConv1d)):
             return x + self.block(x)
-        # two kernels: the dilated conv between its two Snakes; the 1x1 conv with the add
-        y = depthwise_conv1d(x, conv.weight, conv.bias, conv.dilation[0], conv.padding[0],
-                             snake_alpha=second_snake.alpha, input_snake_alpha=first_snake.alpha)
+        # three kernels: Snake; the dilated conv with the second Snake; the 1x1 conv with the add
+        y = depthwise_conv1d(first_snake(x), conv.weight, conv.bias, conv.dilation[0], conv.padding[0],
+                             snake_alpha=second_snake.alpha)
         return pointwise.pointwise_conv(y, last.weight, last.bias, residual=x)
 
 
@@ -158,25 +157,9 @@ class UpsampleBlock(nn.Module):
             layers.append(NoiseInjection(out_dim))
         layers += [ResidualUnit(out_dim, dilation, groups) for dilation in (1, 3, 9)]
         self.block = nn.ModuleList(layers)
-        self._taps_first_cache: tuple | None = None
-
-    def _taps_first(self, upsample: nn.ConvTranspose1d) -> torch.Tensor:
-        """The transposed conv's weight as [taps, out, in], made once per weight version
-        (first in a graph's warm-up, so a capture allocates nothing for it)."""
-        weight = upsample.weight
-        key = (weight.data_ptr(), weight._version)
-        if self._taps_first_cache is None or self._taps_first_cache[0] != key:
-            self._taps_first_cache = (key, weight.detach().permute(2, 1, 0).contiguous())
-        return self._taps_first_cache[1]
 
     def forward(self, x: torch.Tensor, noise: NoiseSource | None, index: int) -> torch.Tensor:
-        layers = list(self.block)
-        if pointwise.use_triton(x):   # Snake + the transposed conv: one kernel (transposed_conv.py)
-            first_snake, upsample = layers[:2]
-            x = snake_conv_transpose(x, first_snake.alpha, upsample.weight, upsample.bias, upsample.stride[0],
-                                     upsample.padding[0], upsample.output_padding[0], self._taps_first(upsample))
-            layers = layers[2:]
-        for layer in layers:
+        for layer in self.block:
             if isinstance(layer, NoiseInjection):
                 if noise is not None:
                     x = layer(x, noise(index, x))
