@@ -60,13 +60,14 @@ KERNELS = [
       "HAS_BIAS": "constexpr", "SNAKE": "constexpr", "BLOCK": "constexpr"},
      {"TAPS": 7, "HAS_BIAS": True, "SNAKE": with_snake, "BLOCK": 1024}) for with_snake in (False, True)
 ] + [
-    (f"pointwise conv{' (noise)' * noise}{' tf32' * tf32}", pointwise_conv._pointwise_conv_kernel,
+    (f"pointwise conv{' (noise)' * noise}{' tf32' * tf32}{' + residual' * residual}", pointwise_conv._pointwise_conv_kernel,
      {"y_ptr": "*fp32", "weight_ptr": "*fp32", "bias_ptr": "*fp32", "residual_ptr": "*fp32", "scale_ptr": "*fp32",
       "out_ptr": "*fp32", "channels_in": "i32", "channels_out": "i32", "length": "i32", "stride_scale": "i32",
-      "HAS_BIAS": "constexpr", "HAS_SCALE": "constexpr", "TF32": "constexpr", "BLOCK_O": "constexpr",
-      "BLOCK_T": "constexpr", "BLOCK_I": "constexpr"},
-     {"HAS_BIAS": not noise, "HAS_SCALE": noise, "TF32": tf32, "BLOCK_O": 64, "BLOCK_T": 128, "BLOCK_I": 32})
-    for noise in (False, True) for tf32 in (False, True)
+      "HAS_BIAS": "constexpr", "HAS_SCALE": "constexpr", "HAS_RESIDUAL": "constexpr", "TF32": "constexpr",
+      "BLOCK_O": "constexpr", "BLOCK_T": "constexpr", "BLOCK_I": "constexpr"},
+     {"HAS_BIAS": not noise, "HAS_SCALE": noise, "HAS_RESIDUAL": residual, "TF32": tf32, "BLOCK_O": 32,
+      "BLOCK_T": 128, "BLOCK_I": 32})
+    for noise in (False, True) for tf32 in (False, True) for residual in (False, True)
 ] + [
     ("silu and mul", fused_ops._silu_mul_kernel,
      {"gate_ptr": "*bf16", "up_ptr": "*bf16", "out_ptr": "*bf16", "stride_gate": "i32", "stride_up": "i32",

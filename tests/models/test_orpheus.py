@@ -78,8 +78,8 @@ def test_snac_decoder_matches_the_snac_package(config):
 
 def test_snac_with_its_triton_kernels_matches_the_snac_package(monkeypatch):
     """The CUDA path's kernels (Snake, depthwise conv with and without a Snake after it,
-    1x1 conv with the residual add or the noise), in Triton's interpreter here, inside the
-    whole decoder."""
+    1x1 conv with the residual add or the noise or neither, short transposed convs as a
+    GEMM), in Triton's interpreter here, inside the whole decoder and alone."""
     pytest.importorskip("triton")
     from omniwalk.models.orpheus import depthwise_conv, pointwise_conv, snake
     for module in (snake, depthwise_conv, pointwise_conv):
@@ -103,6 +103,15 @@ def test_snac_with_its_triton_kernels_matches_the_snac_package(monkeypatch):
         torch.testing.assert_close(conv(x), expected, atol=1e-5, rtol=1e-5)
         fused = depthwise_conv.depthwise_conv1d(x, conv.weight, conv.bias, dilation, 3 * dilation, snake_alpha=alpha)
         torch.testing.assert_close(fused, snake.snake_reference(expected, alpha), atol=1e-5, rtol=1e-5)
+    # short transposed convs as a GEMM + overlap-add: SNAC's rates and an odd one, channels off the blocks
+    from omniwalk.models.orpheus.snac import UpsampleBlock
+    for channels_in, channels_out, rate, length in ((40, 20, 8, 5), (24, 70, 4, 9), (17, 9, 2, 32), (6, 5, 3, 7)):
+        block = UpsampleBlock(channels_in, channels_out, rate, noise=False, groups=channels_out)
+        x_in = torch.randn(3, channels_in, length)
+        with torch.inference_mode():
+            got, expected_up = block._upsample_as_gemm(block.block[1], x_in), block.block[1](x_in)
+        assert got.shape == expected_up.shape == (3, channels_out, length * rate)
+        torch.testing.assert_close(got, expected_up, atol=1e-4, rtol=1e-5)
     # 1x1 conv: channel counts and lengths off the kernel's blocks, with and without bias / noise
     for channels_in, channels_out, length in ((5, 7, 37), (48, 70, 300)):
         y, residual = torch.randn(2, channels_in, length), torch.randn(2, channels_out, length)
@@ -111,6 +120,8 @@ def test_snac_with_its_triton_kernels_matches_the_snac_package(monkeypatch):
             torch.testing.assert_close(pointwise_conv.pointwise_conv(y, weight, b, residual, scale),
                                        pointwise_conv.pointwise_conv_reference(y, weight, b, residual, scale),
                                        atol=1e-4, rtol=1e-5)
+        torch.testing.assert_close(pointwise_conv.pointwise_conv(y, weight, None, None),
+                                   torch.nn.functional.conv1d(y, weight), atol=1e-4, rtol=1e-5)
 
 
 def test_snac_loads_old_weight_norm_names():

@@ -1,6 +1,7 @@
 """SNAC's 1x1 convolutions with what follows them fused in: one Triton kernel computes
 
     out = residual + scale * (W @ y + bias)        per row b, over channels, at every step t
+    (residual, scale and bias each optional: SNAC's short transposed convs use W @ y alone)
 
     residual unit:    x + conv1x1(snake(dwconv(snake(x))))      residual = x, no scale
     noise injection:  x + noise * conv1x1(x)                    residual = y = x, scale = noise[b, t]
@@ -29,18 +30,21 @@ def pointwise_conv_reference(y: torch.Tensor, weight: torch.Tensor, bias: torch.
     return residual + (product if scale is None else scale * product)
 
 
-def pointwise_conv(y: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor,
+def pointwise_conv(y: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
                    scale: torch.Tensor | None = None) -> torch.Tensor:
-    """y [B, I, T], weight [O, I, 1], bias [O] or None, residual [B, O, T], scale [B, 1, T]
-    or None -> residual + scale * (conv1x1(y) + bias), [B, O, T]."""
+    """y [B, I, T], weight [O, I, 1], bias [O] or None, residual [B, O, T] or None, scale
+    [B, 1, T] or None -> residual + scale * (conv1x1(y) + bias), [B, O, T]."""
     if not use_triton(y):
+        if residual is None:
+            return torch.nn.functional.conv1d(y, weight, bias) * (1 if scale is None else scale)
         return pointwise_conv_reference(y, weight, bias, residual, scale)
     batch, channels_in, length = y.shape
     channels_out = weight.shape[0]
-    y, residual = y.contiguous(), residual.contiguous()
+    y = y.contiguous()
+    residual = residual.contiguous() if residual is not None else None
     scale = scale.contiguous() if scale is not None else None
     weight = weight.reshape(channels_out, channels_in).contiguous()
-    out = torch.empty_like(residual)
+    out = torch.empty(batch, channels_out, length, dtype=y.dtype, device=y.device)
     # tl.dot wants powers of two of at least 16 on each side
     block_o = max(16, min(32, triton.next_power_of_2(channels_out)))   # 32 x 128 x 32: fastest at
     # every snac_24khz block shape (benchmarks/scripts/pointwise_conv_sweep.py)
@@ -48,9 +52,10 @@ def pointwise_conv(y: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     block_t = 128
     grid = (triton.cdiv(length, block_t), triton.cdiv(channels_out, block_o), batch)
     _pointwise_conv_kernel[grid](
-        y, weight, bias if bias is not None else weight, residual, scale if scale is not None else y, out,
-        channels_in, channels_out, length, scale.stride(0) if scale is not None else 0,
-        HAS_BIAS=bias is not None, HAS_SCALE=scale is not None, TF32=torch.backends.cudnn.allow_tf32,
+        y, weight, bias if bias is not None else weight, residual if residual is not None else y,
+        scale if scale is not None else y, out, channels_in, channels_out, length,
+        scale.stride(0) if scale is not None else 0, HAS_BIAS=bias is not None, HAS_SCALE=scale is not None,
+        HAS_RESIDUAL=residual is not None, TF32=torch.backends.cudnn.allow_tf32,
         BLOCK_O=block_o, BLOCK_T=block_t, BLOCK_I=block_i)
     return out
 
@@ -60,7 +65,8 @@ if triton is not None:
     @triton.jit
     def _pointwise_conv_kernel(y_ptr, weight_ptr, bias_ptr, residual_ptr, scale_ptr, out_ptr,
                                channels_in, channels_out, length, stride_scale,
-                               HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, TF32: tl.constexpr,
+                               HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                               TF32: tl.constexpr,
                                BLOCK_O: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_I: tl.constexpr):
         steps = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
         outs = tl.program_id(1) * BLOCK_O + tl.arange(0, BLOCK_O)
@@ -84,5 +90,6 @@ if triton is not None:
             acc = tl.load(scale_ptr + row * stride_scale + steps, mask=step_ok, other=0.0)[None, :] * acc
         at = (row * channels_out + outs[:, None]) * length + steps[None, :]
         mask = out_ok[:, None] & step_ok[None, :]
-        out = tl.load(residual_ptr + at, mask=mask, other=0.0) + acc
-        tl.store(out_ptr + at, out, mask=mask)
+        if HAS_RESIDUAL:
+            acc = tl.load(residual_ptr + at, mask=mask, other=0.0) + acc
+        tl.store(out_ptr + at, acc, mask=mask)
