@@ -142,6 +142,8 @@ class DecodeGraphs(BucketGraphs):
         # two pinned buffers for look-ahead copies: one in flight while the other is read
         self._copy_slots = [torch.zeros(size, dtype=torch.long, **pinned) for _ in range(2)]
         self._next_copy_slot = 0
+        self._written_tables: list[list[int]] = []   # the page tables in host_ints' rows, and their lengths
+        self._written_lengths: list[int] = []
 
     def _forward(self, batch: int) -> torch.Tensor:
         meta = AttentionMetadata(
@@ -184,8 +186,17 @@ class DecodeGraphs(BucketGraphs):
         ints = self.host_ints.numpy()
         ints[:n, 0] = context_lens
         ints[n:batch, 0] = 0
+        # A row's table changes only when it gains a page (every page_size steps) or the
+        # batch changes: rewrite only those rows (the lists are the cache's own, which
+        # only grow while their sequence holds them; holding the last ones keeps their
+        # identities from being reused).
+        last_tables, last_lengths, lengths = self._written_tables, self._written_lengths, []
         for row, table in enumerate(page_tables):
-            ints[row, 1 : 1 + len(table)] = table
+            length = len(table)
+            lengths.append(length)
+            if row >= len(last_tables) or last_tables[row] is not table or last_lengths[row] != length:
+                ints[row, 1 : 1 + length] = table
+        self._written_tables, self._written_lengths = page_tables, lengths
         ints[n:batch, 1] = self.scratch_page
         if self.slot_resource is not None:
             longs[3:, :n] = np.asarray(row_slots, dtype=np.int64).reshape(n, -1).T

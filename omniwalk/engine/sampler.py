@@ -154,7 +154,10 @@ def _as_uint64(values) -> np.ndarray:
         return values.astype(np.uint64)   # two's complement: the same bits as & _MASK64
     if isinstance(values, (int, np.integer)):
         return np.uint64(int(values) & _MASK64)
-    return np.fromiter((int(v) & _MASK64 for v in values), dtype=np.uint64, count=len(values))
+    try:   # what fits in int64 (seeds, indices): two's complement again
+        return np.asarray(values, dtype=np.int64).astype(np.uint64)
+    except OverflowError:
+        return np.fromiter((int(v) & _MASK64 for v in values), dtype=np.uint64, count=len(values))
 
 
 def _splitmix64_array(x: np.ndarray) -> np.ndarray:

@@ -196,7 +196,8 @@ class Runtime:
         """Run the stream's edge and loop instructions up to its next RunNode or its walk's end."""
         walk = stream.walk
         program, handlers = walk.program, self._handlers[walk.name]
-        while stream.pc < len(program):
+        end = len(program)
+        while stream.pc < end:
             handler = handlers[stream.pc]
             if handler is None:   # a RunNode
                 return

@@ -182,3 +182,32 @@ def test_prefill_graphs_pad_ragged_batches_exactly():
         assert ids == plain_ids
         assert max(abs(a - b) for a, b in zip(logprobs, plain_logprobs)) < 1e-4
     assert executor.prefill_graphs.replays >= 3
+
+
+def test_decode_graph_page_tables_follow_growth_reorder_and_reuse():
+    """The decode graphs rewrite a row's page table only when it changed (a new page, a
+    new row order, another sequence); every replay still sees each row's whole table."""
+    with engine("tiny-qwen3", True) as e:
+        executor = e.model.executors["backbone"]
+        graphs, cache = executor.decode_graphs, executor.cache
+        size = cache.page_size
+
+        def run(handles):
+            tables = [cache.page_tables[h] for h in handles]
+            positions = [len(t) * size - 1 for t in tables]
+            graphs.run(input_ids=[1] * len(handles), positions=positions,
+                       slots=[t[-1] * size + size - 1 for t in tables], context_lens=positions, page_tables=tables)
+            for row, table in enumerate(tables):
+                assert graphs.page_table[row, : len(table)].tolist() == table
+
+        for handle, tokens in ((200, 3 * size), (201, size), (202, 2 * size)):
+            cache.reserve(handle, tokens)
+        run([200, 201, 202])
+        run([200, 201, 202])
+        cache.reserve(201, 2 * size)          # 201 gains a page
+        run([200, 201, 202])
+        run([202, 200])                       # another order, fewer rows
+        cache.free(200)
+        cache.reserve(203, 3 * size)          # a new sequence (likely on 200's pages), same length
+        run([203, 201, 202])
+        run([201, 203, 202])
