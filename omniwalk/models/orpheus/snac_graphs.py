@@ -57,13 +57,12 @@ class SnacGraphs:
         on = dict(device=self.device)
         self.codes = [torch.zeros(self.max_windows, frames * n, dtype=torch.long, **on) for n in LEVEL_CODES]
         self.keys = torch.zeros(2, max(self.num_blocks, 1), self.max_windows, dtype=torch.long, **on)
-        pinned = dict(pin_memory=self.on_cuda)
-        self.host_codes = [torch.zeros(self.max_windows, frames * n, dtype=torch.long, **pinned) for n in LEVEL_CODES]
-        self.host_keys = torch.zeros(2, max(self.num_blocks, 1), self.max_windows, dtype=torch.long, **pinned)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        # recorded after the staging buffers' copies: nobody waits for a replay to finish,
-        # so the next refill waits for this (long done by then) instead
-        self._staged: torch.cuda.Event | None = None
+        # Pinned host staging, one set per part of a run: a part's copies are queued on the
+        # codec's stream behind the previous part's replay, so a shared set would make the
+        # host wait for each replay before it could stage the next part (~3 replays, every
+        # step on which 256 streams complete a frame).
+        self._staging: list[_Staging] = []
 
     def _forward(self, batch: int) -> torch.Tensor:
         noise = KeyedNoise(self.keys[0, :, :batch], self.keys[1, :, :batch]) if self.num_blocks else None
@@ -78,36 +77,54 @@ class SnacGraphs:
         """Audio [n, frames * hop_length] of n full windows: `codes` [n, frames * 7] int
         (frame-major, as the LM emits them), `keys` the windows' noise keys."""
         if len(keys) <= self.max_windows:
-            return self._run_part(codes, keys)
+            return self._run_part(codes, keys, self._staging_set(0))
         outputs = []
-        for start in range(0, len(keys), self.max_windows):
+        for index, start in enumerate(range(0, len(keys), self.max_windows)):
             part = slice(start, start + self.max_windows)
-            outputs.append(self._run_part(codes[part], keys[part]).clone())   # the next replay reuses the output
+            # the next replay reuses the output
+            outputs.append(self._run_part(codes[part], keys[part], self._staging_set(index)).clone())
         return torch.cat(outputs)
 
-    def _run_part(self, codes: np.ndarray, keys) -> torch.Tensor:
+    def _staging_set(self, index: int) -> "_Staging":
+        while len(self._staging) <= index:
+            self._staging.append(_Staging(self))
+        staging = self._staging[index]
+        if staging.copied is not None:
+            staging.copied.synchronize()   # its copies of a step or more ago: long done
+        return staging
+
+    def _run_part(self, codes: np.ndarray, keys, staging: "_Staging") -> torch.Tensor:
         n = len(keys)
         batch = next(b for b in self.buckets if b >= n)
         frames = np.asarray(codes, dtype=np.int64).reshape(n, self.frames, sum(LEVEL_CODES))
-        if self._staged is not None:
-            self._staged.synchronize()
         for level, positions in enumerate(FRAME_LAYOUT):   # per level: [frame 0's codes, frame 1's, ...]
-            host = self.host_codes[level].numpy()
+            host = staging.codes[level].numpy()
             host[:n] = frames[:, :, positions].reshape(n, -1)
             host[n:batch] = 0
-            self.codes[level][:batch].copy_(self.host_codes[level][:batch], non_blocking=True)
+            self.codes[level][:batch].copy_(staging.codes[level][:batch], non_blocking=True)
         if self.num_blocks:
-            halves = self.host_keys.numpy()
+            halves = staging.keys.numpy()
             halves[:, :, :batch] = 0
             for block in range(self.num_blocks):
                 block_keys = row_keys(keys, block)
                 halves[0, block, :n] = (block_keys & np.uint64(0xFFFFFFFF)).astype(np.int64)
                 halves[1, block, :n] = (block_keys >> np.uint64(32)).astype(np.int64)
-            self.keys[:, :, :batch].copy_(self.host_keys[:, :, :batch], non_blocking=True)
+            self.keys[:, :, :batch].copy_(staging.keys[:, :, :batch], non_blocking=True)
         if not self.on_cuda:
             return self._forward(batch)[:n]
-        self._staged = torch.cuda.Event()
-        self._staged.record()
+        staging.copied = torch.cuda.Event()
+        staging.copied.record()
         graph, audio = self.graphs[batch]
         graph.replay()
         return audio[:n]
+
+
+class _Staging:
+    """Pinned host copies of one replay's inputs, and the event recorded after their copies."""
+
+    def __init__(self, graphs: SnacGraphs):
+        pinned = dict(pin_memory=graphs.on_cuda)
+        windows = graphs.max_windows
+        self.codes = [torch.zeros(windows, graphs.frames * n, dtype=torch.long, **pinned) for n in LEVEL_CODES]
+        self.keys = torch.zeros(2, max(graphs.num_blocks, 1), windows, dtype=torch.long, **pinned)
+        self.copied: torch.cuda.Event | None = None
