@@ -32,6 +32,9 @@ class SeenTokens:
         self._free = list(range(capacity, 0, -1))     # row 0 is the empty row
         self._pending_rows: list[int] = []            # (row, id) pairs not yet on the device
         self._pending_ids: list[int] = []
+        # the last `gather`'s handles list (held, so its identity is not reused) and its rows
+        self._rows_of_handles: list[int] | None = None
+        self._rows: torch.Tensor | None = None
 
     def append(self, handle: int, token: int) -> None:
         """`handle`'s history got `token` (ignored for handles without a row yet: their row
@@ -44,14 +47,18 @@ class SeenTokens:
     @torch.inference_mode()   # the mask is an inference tensor: every update runs in the mode
     def gather(self, handles: list[int], histories: list) -> torch.Tensor:
         """[len(handles), vocab] bool: each row's seen ids (`histories[i]`: its
-        `TokenHistory`, or None for a row without penalties, which reads the empty row)."""
-        rows = []
-        for handle, history in zip(handles, histories):
-            if history is not None and handle not in self.row_of:
-                self._start(handle, history)
-            rows.append(self.row_of.get(handle, 0) if history is not None else 0)
+        `TokenHistory`, or None for a row without penalties, which reads the empty row).
+        Called again with the same `handles` list object (and the same histories), the rows
+        are not looked up again: pass a new list when the batch changes."""
+        if handles is not self._rows_of_handles:   # a batch keeps its handles list while its rows stay
+            rows = []
+            for handle, history in zip(handles, histories):
+                if history is not None and handle not in self.row_of:
+                    self._start(handle, history)
+                rows.append(self.row_of.get(handle, 0) if history is not None else 0)
+            self._rows_of_handles, self._rows = handles, to_device(rows, torch.long, self.mask.device)
         self._flush()
-        return self.mask.index_select(0, to_device(rows, torch.long, self.mask.device))
+        return self.mask.index_select(0, self._rows)
 
     @torch.inference_mode()
     def free(self, handle: int) -> None:
@@ -59,6 +66,7 @@ class SeenTokens:
         if row is not None:
             self._flush()        # nothing queued for the old owner lands in the next one's row
             self._free.append(row)
+            self._rows_of_handles = None   # a cached row list may name the freed row
 
     def _start(self, handle: int, history) -> None:
         if not self._free:

@@ -45,6 +45,25 @@ def test_rows_equal_the_histories_through_appends_frees_reuse_and_growth():
     assert seen.mask.shape[0] > 3 and not seen.mask[0].any()
 
 
+def test_a_batch_passing_the_same_handles_list_sees_its_appends():
+    """A decode batch passes the same handles list object every step (the executor's
+    `_BatchRows`): its rows are looked up once, the appended ids still land."""
+    seen = SeenTokens(VOCAB, "cpu", capacity=2)
+    histories = {3: TokenHistory([1, 2]), 4: TokenHistory([7]), 5: TokenHistory([])}
+    handles = [3, 4, 5]
+    for step in range(4):
+        rows = [histories[h] for h in handles]
+        assert torch.equal(seen.gather(handles, rows), torch.stack([from_history(h) for h in rows])), step
+        for handle in handles:
+            histories[handle].append(10 + 3 * step + handle)
+            seen.append(handle, 10 + 3 * step + handle)
+    seen.free(4)                               # the batch changes: a new list, a new sequence in row 4's place
+    histories[6] = TokenHistory([30])
+    handles = [6, 3, 5]
+    rows = [histories[h] for h in handles]
+    assert torch.equal(seen.gather(handles, rows), torch.stack([from_history(h) for h in rows]))
+
+
 def test_sampler_with_the_mask_samples_what_it_samples_from_the_histories():
     torch.manual_seed(7)
     logits = torch.randn(4, VOCAB)
