@@ -200,9 +200,11 @@ class CausalLMExecutor(NodeExecutor):
             results[index] = {"token": token, "logprobs": logprobs}
 
         rows, row_sequences = [calls[i] for i in next_rows], [sequences[i] for i in next_rows]
-        if self.decode_graphs is not None and rows and self._can_look_ahead(rows, row_sequences):
+        extra_pages = self._lookahead_pages(rows, row_sequences) if self.decode_graphs is not None and rows else None
+        if extra_pages is not None:
             try:
-                self.lookahead = self._launch_lookahead(rows, row_sequences, [t for t, _ in sampled], device_tokens)
+                self.lookahead = self._launch_lookahead(rows, row_sequences, [t for t, _ in sampled], device_tokens,
+                                                        extra_pages)
             except Exception:   # the step itself is committed: lose only the guess
                 logger.exception("look-ahead step failed; continuing without it")
         return results
@@ -259,20 +261,25 @@ class CausalLMExecutor(NodeExecutor):
         """Hook: each row's slots in the graphs' slot resource (hybrid models: its state rows)."""
         return None
 
-    def _can_look_ahead(self, calls, sequences) -> bool:
-        """Any batch whose next samples come back as ids alone (no logprobs to copy), with
-        the pages for one more token free."""
-        if any(call.stream.params.sampling.logprobs is not None for call in calls):
-            return False
-        needed = sum(self.cache.pages_needed(c.stream.handle, s.num_computed + 1) for c, s in zip(calls, sequences))
-        pages = max(len(self.cache.page_tables[c.stream.handle]) for c in calls) + 1
-        return needed <= self.cache.allocator.num_free and self.decode_graphs.fits(len(calls), pages)
+    def _lookahead_pages(self, calls, sequences) -> list[int] | None:
+        """The pages each row needs for one more token, if the batch may look ahead: its
+        next samples come back as ids alone (no logprobs to copy) and the pages are free."""
+        if not self._rows_of(calls).no_logprobs:
+            return None
+        cache = self.cache
+        needed = [cache.pages_needed(c.stream.handle, s.num_computed + 1) for c, s in zip(calls, sequences)]
+        pages = max(len(cache.page_tables[c.stream.handle]) for c in calls) + 1
+        if sum(needed) <= cache.allocator.num_free and self.decode_graphs.fits(len(calls), pages):
+            return needed
+        return None
 
-    def _launch_lookahead(self, calls, sequences, tokens: list[int], device_tokens: torch.Tensor) -> "_Lookahead":
+    def _launch_lookahead(self, calls, sequences, tokens: list[int], device_tokens: torch.Tensor,
+                          extra_pages: list[int]) -> "_Lookahead":
         handles = [call.stream.handle for call in calls]
         positions = [s.num_computed for s in sequences]
-        for handle, position in zip(handles, positions):
-            self.cache.reserve(handle, position + 1)
+        for handle, position, extra in zip(handles, positions, extra_pages):
+            if extra:   # most steps no row starts a page
+                self.cache.reserve(handle, position + 1)
         size = self.cache.page_size
         tables = [self.cache.page_tables[h] for h in handles]
         logits = self.decode_graphs.run(
