@@ -41,7 +41,7 @@ from omniwalk.engine.cuda_graphs import DecodeGraphs, HostCopy
 from omniwalk.engine.host_to_device import to_device
 from omniwalk.engine.kv_cache import PagedKVCache
 from omniwalk.engine.prefill_graphs import PrefillGraphs
-from omniwalk.engine.sampler import Sampler
+from omniwalk.engine.sampler import RowSettings, Sampler
 from omniwalk.engine.seen_tokens import SeenTokens
 from omniwalk.runtime.executor import NodeCall, NodeExecutor
 
@@ -264,7 +264,7 @@ class CausalLMExecutor(NodeExecutor):
     def _lookahead_pages(self, calls, sequences) -> list[int] | None:
         """The pages each row needs for one more token, if the batch may look ahead: its
         next samples come back as ids alone (no logprobs to copy) and the pages are free."""
-        if not self._rows_of(calls).no_logprobs:
+        if self._rows_of(calls).settings.want_logprobs:
             return None
         cache = self.cache
         needed = [cache.pages_needed(c.stream.handle, s.num_computed + 1) for c, s in zip(calls, sequences)]
@@ -365,7 +365,7 @@ class CausalLMExecutor(NodeExecutor):
                     logits[row].index_fill_(0, to_device(banned, torch.long, logits.device), float("-inf"))
         candidates = None
         if self.logits_mask is not None:   # the model's rule for what may be sampled at all
-            if hasattr(self.logits_mask, "candidates") and rows.no_logprobs:
+            if hasattr(self.logits_mask, "candidates") and not rows.settings.want_logprobs:
                 # sample over the allowed columns only: the same ids, a fraction of the work
                 candidates, allowed = self.logits_mask.candidates(calls, rows.outputs, logits.device)
                 logits = logits.gather(1, candidates - first if first else candidates)
@@ -376,11 +376,11 @@ class CausalLMExecutor(NodeExecutor):
             raise ValueError(f"this model scores ids [{first}, {first + columns}) only: "
                              f"no logprobs over its {vocab}-id vocabulary")
         seen = None
-        if rows.repetition_penalty:
+        if rows.settings.rep_rows:
             if self.seen_tokens is None:
                 self.seen_tokens = SeenTokens(vocab, logits.device)
             seen = self.seen_tokens.gather(rows.handles, rows.histories)
-        if rows.counts_outputs:   # presence / frequency penalties count the output ids
+        if rows.settings.out_rows:   # presence / frequency penalties count the output ids
             empty = np.empty(0, dtype=np.int64)
             prompts = [h.prompt if h is not None else empty for h in rows.histories]
             outputs = [h.outputs if h is not None else empty for h in rows.histories]
@@ -395,7 +395,9 @@ class CausalLMExecutor(NodeExecutor):
     def _rows_of(self, calls: list[NodeCall]) -> "_BatchRows":
         rows = self._batch_rows
         if rows is None or not rows.matches(calls):
-            rows = self._batch_rows = _BatchRows(calls, [self.sequences[call.stream.handle] for call in calls])
+            params = [call.stream.params.sampling for call in calls]
+            rows = self._batch_rows = _BatchRows(calls, [self.sequences[call.stream.handle] for call in calls],
+                                                 self.sampler.rows_for(params, self.device))
         return rows
 
 
@@ -404,17 +406,15 @@ class _BatchRows:
     rows (a decode batch, for many steps): gathered once, not per step (~1 ms of host time
     a step at 256 rows)."""
 
-    def __init__(self, calls: list[NodeCall], sequences: list[SequenceState]):
+    def __init__(self, calls: list[NodeCall], sequences: list[SequenceState], settings: RowSettings):
         self.streams = [call.stream for call in calls]
         self.handles = [stream.handle for stream in self.streams]
-        self.params = [stream.params.sampling for stream in self.streams]
+        self.params = settings.params
         self.seeds = [stream.params.seed for stream in self.streams]
         self.outputs = [sequence.output_ids for sequence in sequences]      # lists that grow in place
         self.histories = [sequence.history for sequence in sequences]
         self.any_min_items = any(stream.params.stop.min_items > 0 for stream in self.streams)
-        self.no_logprobs = all(p.logprobs is None for p in self.params)
-        self.repetition_penalty = any(p.repetition_penalty != 1.0 for p in self.params)
-        self.counts_outputs = any(p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 for p in self.params)
+        self.settings = settings   # the sampler's view of the same rows (logprobs, penalties)
         self.no_histories = [np.empty(0, dtype=np.int64)] * len(calls)
 
     def matches(self, calls: list[NodeCall]) -> bool:
