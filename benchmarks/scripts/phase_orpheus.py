@@ -29,10 +29,11 @@ for c in [int(x) for x in sys.argv[1:]] or [16, 256]:
                                        SpeechRequest("x", voice="tara").sampling(i), i),
             AUDIO_STREAM: StreamParams(seed=i)}))
     for _ in range(int(os.environ.get("PHASE_WARM", 30))): rt.step()   # context at measurement: 30 + this
+    steps = int(os.environ.get("PHASE_STEPS", 40))
     acc.clear(); sync(); t = time.perf_counter()
-    for _ in range(40): rt.step()
-    sync(); total = (time.perf_counter() - t) / 40
-    print(f"c={c}: {total*1e3:.2f} ms/step ({c/total:.0f} codes/s); " + ", ".join(f"{k} {v/40*1e3:.2f}" for k, v in acc.most_common()), flush=True)
+    for _ in range(steps): rt.step()
+    sync(); total = (time.perf_counter() - t) / steps
+    print(f"c={c}: {total*1e3:.2f} ms/step ({c/total:.0f} codes/s); " + ", ".join(f"{k} {v/steps*1e3:.2f}" for k, v in acc.most_common()), flush=True)
     with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as p:
         for _ in range(7): rt.step()
         sync()
