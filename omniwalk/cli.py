@@ -37,6 +37,9 @@ def _add_engine_flags(parser: argparse.ArgumentParser, seed: bool = True) -> Non
     group.add_argument("--enforce-eager", action="store_true", help="CUDA: decode without CUDA graphs")
     group.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
                        help="compute every prompt in full (prefix caching is on by default)")
+    group.add_argument("--quantization", default=None, choices=["fp8"],
+                       help="fp8: the decoder's linear layers in FP8 (per-channel weights, per-token activations; "
+                            "Llama / Qwen3 / Orpheus, GPUs of compute capability 8.9+)")
     group.add_argument("--codec", default=None,
                        help="TTS checkpoints: local codec folder (Orpheus: SNAC; default: MODEL/snac)")
 

@@ -22,6 +22,9 @@ from omniwalk.models.text_lm import TextGenerationModel
 logger = logging.getLogger(__name__)
 
 
+QUANTIZATIONS = (None, "fp8")
+
+
 @dataclass(frozen=True)
 class EngineArgs:
     """How to load and run one model. Validated once here; nothing writes back into it."""
@@ -41,6 +44,7 @@ class EngineArgs:
     enforce_eager: bool = False         # CUDA only: no CUDA graphs for decode
     enable_prefix_caching: bool = True  # share the KV pages of common prompt prefixes
     codec: str | None = None            # TTS checkpoints: local codec folder (Orpheus: SNAC); None: <model>/snac
+    quantization: str | None = None     # fp8: the decoder's projections in FP8 (layers/fp8_linear.py)
 
     def __post_init__(self):
         if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
@@ -54,6 +58,9 @@ class EngineArgs:
             raise ValueError("kv_cache_tokens must hold at least one page")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS[1:])} or None, "
+                             f"got {self.quantization!r}")
 
 
 @dataclass
@@ -134,6 +141,9 @@ def load_model(args: EngineArgs) -> LoadedModel:
     else:
         raise ValueError(f"unknown model {args.model!r}: not a built-in ({', '.join(sorted(BUILTIN_MODELS))}) "
                          f"and not a local checkpoint folder")
+    if args.quantization is not None and args.quantization not in family.quantizations:
+        raise ValueError(f"--quantization {args.quantization} is not supported for {family.name} models "
+                         f"(supported: {', '.join(family.quantizations) or 'none'})")
     module, function = family.loader.split(":")
     return getattr(importlib.import_module(module), function)(args, family, folder)
 
@@ -167,6 +177,24 @@ def build_module(make, device: torch.device, dtype: torch.dtype, random_weights:
     return module.eval()
 
 
+def quantize_backbone(args: EngineArgs, lm: torch.nn.Module) -> None:
+    """Applies `args.quantization` to a loaded decoder, before any CUDA graph captures it
+    and before the KV cache is sized from the memory it frees."""
+    if args.quantization is None:
+        return
+    from omniwalk.layers.fp8_linear import fp8_supported, quantize_linear_layers
+
+    device = next(lm.parameters()).device
+    if device.type == "cuda" and not fp8_supported(device):
+        raise ValueError("--quantization fp8 needs a GPU with FP8 tensor cores (compute capability 8.9+)")
+    if device.type == "cuda" and next(lm.parameters()).dtype != torch.bfloat16:
+        raise ValueError("--quantization fp8 on a GPU needs --dtype bfloat16 (FP8 GEMMs write bf16)")
+    swapped = quantize_linear_layers(lm)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()   # the bf16 weights' memory goes back to the KV cache's budget
+    logger.info("quantized %d linear layers to fp8 (weights per channel, activations per token)", swapped)
+
+
 def context_length(args: EngineArgs, config: DecoderConfig) -> int:
     return min(config.max_position_embeddings, args.max_model_len or config.max_position_embeddings)
 
@@ -192,6 +220,7 @@ def load_text_model(args: EngineArgs, family, folder: Path | None) -> LoadedMode
     dtype = resolve_dtype(args.dtype, device)
     config, tokenizer, eos, random_weights = read_model_source(args, family, folder)
     lm = build_module(lambda: CausalLM(config), device, dtype, random_weights, args.seed, folder)
+    quantize_backbone(args, lm)
     max_model_len = context_length(args, config)
     shape = kv_cache_shape(args, config, device, dtype)
     cache = PagedKVCache(shape, dtype, device, enable_prefix_caching=args.enable_prefix_caching)

@@ -19,7 +19,8 @@ import os
 cuda = torch.cuda.is_available()
 sync = torch.cuda.synchronize if cuda else (lambda: None)
 loaded = load_model(EngineArgs(os.environ.get("ORPHEUS_MODEL", "benchmarks/orpheus-3b"), load_format="dummy",
-                               max_num_seqs=256, max_model_len=2048, kv_cache_tokens=None if cuda else 1 << 17))
+                               max_num_seqs=256, max_model_len=2048, kv_cache_tokens=None if cuda else 1 << 17,
+                               quantization=os.environ.get("ORPHEUS_QUANTIZATION")))
 model = loaded.served
 for c in [int(x) for x in sys.argv[1:]] or [16, 256]:
     rt = Runtime(model, SchedulerConfig(256, 8192))

@@ -30,15 +30,18 @@ class ModelFamily:
     # claims a checkpoint folder by its config.json before model types are matched (a
     # family built on another's architecture, e.g. Orpheus on Llama)
     detect: Callable[[dict], bool] | None = None
+    # EngineArgs.quantization values its loader applies (`loading.quantize_backbone`)
+    quantizations: tuple[str, ...] = ()
 
 
 FAMILIES: dict[str, ModelFamily] = {
-    "qwen3": ModelFamily("qwen3", ("qwen3",), qwen3.config_from_hf, qwen3.tiny_config),
-    "llama": ModelFamily("llama", ("llama",), llama.config_from_hf, llama.tiny_config),
+    "qwen3": ModelFamily("qwen3", ("qwen3",), qwen3.config_from_hf, qwen3.tiny_config, quantizations=("fp8",)),
+    "llama": ModelFamily("llama", ("llama",), llama.config_from_hf, llama.tiny_config, quantizations=("fp8",)),
     "qwen3_5": ModelFamily("qwen3_5", ("qwen3_5", "qwen3_5_text"), qwen3_5.config_from_hf, qwen3_5.tiny_config,
                           loader="omniwalk.models.qwen3_5.loading:load_qwen3_5"),
     "orpheus": ModelFamily("orpheus", (), llama.config_from_hf, orpheus.tiny_backbone_config,
-                          loader="omniwalk.models.orpheus.loading:load_orpheus", detect=orpheus.is_orpheus_config),
+                          loader="omniwalk.models.orpheus.loading:load_orpheus", detect=orpheus.is_orpheus_config,
+                          quantizations=("fp8",)),
     "whisper": ModelFamily("whisper", ("whisper",), whisper.config_from_hf, whisper.tiny_config,
                           loader="omniwalk.models.whisper.loading:load_whisper"),
 }

@@ -9,7 +9,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from omniwalk.engine import cross_attention, race_kernel
-from omniwalk.layers import causal_conv, fused_ops, gated_delta_rule_triton
+from omniwalk.layers import causal_conv, fp8_linear, fused_ops, gated_delta_rule_triton
 from omniwalk.models.orpheus import depthwise_conv, pointwise_conv, snake
 
 NORM = {"x_ptr": "*bf16", "residual_ptr": "*bf16", "weight_ptr": "*bf16", "out_ptr": "*bf16",
@@ -20,6 +20,10 @@ NORM_ROTARY = {"x_ptr": "*bf16", "weight_ptr": "*bf16", "cos_ptr": "*fp32", "sin
                "HAS_NORM": "constexpr", "ZERO_CENTERED": "constexpr", "HEAD_DIM": "constexpr", "BLOCK_D": "constexpr",
                "HALF": "constexpr", "BLOCK_HALF": "constexpr"}
 KERNELS = [
+    ("fp8 row quantization", fp8_linear._quantize_rows_kernel,
+     {"x_ptr": "*bf16", "out_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "stride_x": "i32", "width": "i32",
+      "fp8_max": "fp32", "min_scale": "fp32", "BLOCK": "constexpr"}, {"BLOCK": 8192}),
+] + [
     (f"race{' over candidate ids' * ids}", race_kernel._race_kernel,
      {"scaled_ptr": "*fp32", "low_ptr": "*i64", "high_ptr": "*i64", "ids_ptr": "*i64", "out_ptr": "*i64",
       "vocab": "i32", "stride_row": "i32", "stride_ids_row": "i32", "HAS_IDS": "constexpr", "BLOCK": "constexpr"},

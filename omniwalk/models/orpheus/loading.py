@@ -20,7 +20,7 @@ from omniwalk.engine.kv_cache import PagedKVCache
 from omniwalk.layers.transformer import CausalLM
 from omniwalk.loading import (
     EngineArgs, LoadedModel, build_module, capture_decode_graphs, context_length, kv_cache_shape,
-    read_model_source, resolve_device, resolve_dtype, uses_decode_graphs,
+    quantize_backbone, read_model_source, resolve_device, resolve_dtype, uses_decode_graphs,
 )
 from omniwalk.models.orpheus.config import ORPHEUS_3B, TINY_SNAC, TINY_TOKENS
 from omniwalk.models.orpheus.model import WINDOW_FRAMES, OrpheusModel
@@ -58,6 +58,7 @@ def load_orpheus(args: EngineArgs, family, folder: Path | None) -> LoadedModel:
 
     lm = build_module(lambda: CausalLM(config), device, dtype, random_weights, args.seed, folder)
     lm.logit_ids = tokens.sampled_ids   # before the decode graphs capture the LM head
+    quantize_backbone(args, lm)
     snac = _load_snac(snac_folder, random_weights, args.seed + 1).to(device).eval()
     if snac.config.codebook_size != tokens.codebook_size:
         raise ValueError(f"SNAC codebook of {snac.config.codebook_size} entries; the checkpoint's "

@@ -1,0 +1,80 @@
+"""Where the time to first audio goes in the bench's one wave of C speech requests: every
+engine step of the wave (start, length, each node's calls and tokens) and the first-audio
+arrival times, through the same Engine and in-process client as `omniwalk bench --tts`.
+
+    PYTHONPATH=. python benchmarks/scripts/ttfa_timeline.py [C] [N] [--budgets 2048,8192] [--model PATH] [--quantization fp8]
+
+One model load; a warm-up wave of 4 requests, then one wave of C requests (N codes each)
+per prefill budget (max_num_batched_tokens). On a CPU it runs tiny-orpheus.
+"""
+import argparse, asyncio, dataclasses, time
+
+import torch
+
+from omniwalk.api import Engine
+from omniwalk.bench.tts import TEXTS
+from omniwalk.bench.tts_backends import InProcessSpeechBackend, TTSRequest
+from omniwalk.loading import EngineArgs, load_model
+from omniwalk.runtime import runtime as runtime_module
+
+parser = argparse.ArgumentParser()
+parser.add_argument("streams", type=int, nargs="?", default=256)
+parser.add_argument("codes", type=int, nargs="?", default=140)
+parser.add_argument("--budgets", default="2048")
+parser.add_argument("--model", default="benchmarks/orpheus-3b" if torch.cuda.is_available() else "tiny-orpheus")
+parser.add_argument("--steps", type=int, default=45, help="steps of the timeline printed")
+parser.add_argument("--quantization", default=None)
+args = parser.parse_args()
+base = EngineArgs(args.model, load_format="dummy" if args.model != "tiny-orpheus" else "auto",
+                  max_num_seqs=args.streams, max_model_len=2048, quantization=args.quantization)
+loaded = load_model(base)
+
+steps: list[dict] = []
+original_run_batch, original_step = runtime_module.Runtime._run_batch, runtime_module.Runtime.step
+
+
+def run_batch(self, node, calls):
+    steps[-1][node] = (len(calls), sum(call.num_tokens for call in calls))
+    return original_run_batch(self, node, calls)
+
+
+def step(self):
+    steps.append({"start": time.perf_counter()})
+    try:
+        return original_step(self)
+    finally:
+        steps[-1]["end"] = time.perf_counter()
+
+
+runtime_module.Runtime._run_batch, runtime_module.Runtime.step = run_batch, step
+
+
+def wave(engine, count, codes):
+    async def main():
+        backend = InProcessSpeechBackend(engine, "tara", True)
+        requests = [TTSRequest(i, TEXTS[i % len(TEXTS)], codes, i) for i in range(count)]
+        return await asyncio.gather(*(backend.send(r) for r in requests))
+    return asyncio.run(main())
+
+
+for budget in [int(b) for b in args.budgets.split(",")]:
+    engine_args = dataclasses.replace(base, max_num_batched_tokens=budget)
+    engine = Engine(engine_args, loaded=loaded)
+    try:
+        wave(engine, 4, args.codes)
+        steps.clear()
+        records = wave(engine, args.streams, args.codes)
+    finally:
+        engine.shutdown()
+    assert all(r.error is None for r in records), [r.error for r in records if r.error][:3]
+    t0 = min(r.send_time for r in records)
+    first = sorted((r.arrivals[0][0] - t0) * 1e3 for r in records)
+    sent = sorted((r.send_time - t0) * 1e3 for r in records)
+    print(f"budget {budget}: {args.streams} requests sent over {sent[-1]:.1f} ms; first audio (from the first send) "
+          f"p0 {first[0]:.0f} p50 {first[len(first) // 2]:.0f} p90 {first[int(len(first) * 0.9)]:.0f} "
+          f"p100 {first[-1]:.0f} ms", flush=True)
+    nodes = sorted({k for s in steps for k in s if k not in ("start", "end")})
+    print("  step  start ms  length ms  " + "  ".join(f"{n} (calls, units)" for n in nodes))
+    for i, s in enumerate(steps[:args.steps]):
+        cells = "  ".join(f"{str(s.get(n, '')):>22}" for n in nodes)
+        print(f"  {i:4d}  {(s['start'] - t0) * 1e3:8.1f}  {(s['end'] - s['start']) * 1e3:9.2f}  {cells}")
