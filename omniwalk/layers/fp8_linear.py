@@ -45,7 +45,8 @@ def quantize_rows_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     """x [M, K] -> (fp8 [M, K], fp32 scales [M, 1]): each row scaled so its largest
     magnitude maps to 448, then rounded to nearest (even)."""
     x = x.float()
-    scale = (x.abs().amax(dim=-1, keepdim=True) / FP8_MAX).clamp(min=MIN_SCALE)
+    # times the fp32 reciprocal, as CUDA torch divides by a scalar (and the kernel does)
+    scale = (x.abs().amax(dim=-1, keepdim=True) * (1.0 / FP8_MAX)).clamp(min=MIN_SCALE)
     return (x / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
 
 
@@ -63,20 +64,21 @@ def _launch_quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     out = torch.empty((rows, width), dtype=FP8_DTYPE, device=x.device)
     scale = torch.empty((rows, 1), dtype=torch.float32, device=x.device)
     block = triton.next_power_of_2(width)
-    _quantize_rows_kernel[(rows,)](x, out, scale, x.stride(0), width, FP8_MAX, MIN_SCALE, BLOCK=block,
+    _quantize_rows_kernel[(rows,)](x, out, scale, x.stride(0), width, FP8_MAX, 1.0 / FP8_MAX, MIN_SCALE, BLOCK=block,
                                    num_warps=max(1, min(16, block // 512)))
     return out, scale
 
 
 if triton is not None:
     @triton.jit
-    def _quantize_rows_kernel(x_ptr, out_ptr, scale_ptr, stride_x, width, fp8_max, min_scale, BLOCK: tl.constexpr):
+    def _quantize_rows_kernel(x_ptr, out_ptr, scale_ptr, stride_x, width, fp8_max, inverse_fp8_max, min_scale,
+                              BLOCK: tl.constexpr):
         row = tl.program_id(0)
         offsets = tl.arange(0, BLOCK)
         mask = offsets < width
         x = tl.load(x_ptr + row * stride_x + offsets, mask=mask, other=0.0).to(tl.float32)
-        # IEEE divisions, as torch divides: the same scale and the same rounding
-        scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(x), axis=0), fp8_max), min_scale)
+        # the reference's arithmetic exactly (an IEEE division where torch divides two tensors)
+        scale = tl.maximum(tl.max(tl.abs(x), axis=0) * inverse_fp8_max, min_scale)
         quantized = tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -fp8_max), fp8_max)
         tl.store(out_ptr + row * width + offsets, quantized.to(tl.float8e4nv), mask=mask)
         tl.store(scale_ptr + row, scale)

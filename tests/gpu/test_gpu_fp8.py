@@ -34,7 +34,7 @@ def test_scaled_mm_is_the_product_of_the_dequantized_operands():
         xq, xs = quantize_rows_reference(x)
         manual = (xq.float() @ layer.weight.float().t()) * xs * layer.weight_scale
         plain = linear(x).float()
-    torch.testing.assert_close(got, manual, rtol=1e-2, atol=1e-2)   # bf16 output rounding
+    torch.testing.assert_close(got, manual, rtol=1.6e-2, atol=3e-2)   # two bf16 units of the output
     assert (got - plain).norm() / plain.norm() < 0.05
 
 

@@ -22,7 +22,7 @@ NORM_ROTARY = {"x_ptr": "*bf16", "weight_ptr": "*bf16", "cos_ptr": "*fp32", "sin
 KERNELS = [
     ("fp8 row quantization", fp8_linear._quantize_rows_kernel,
      {"x_ptr": "*bf16", "out_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "stride_x": "i32", "width": "i32",
-      "fp8_max": "fp32", "min_scale": "fp32", "BLOCK": "constexpr"}, {"BLOCK": 8192}),
+      "fp8_max": "fp32", "inverse_fp8_max": "fp32", "min_scale": "fp32", "BLOCK": "constexpr"}, {"BLOCK": 8192}),
 ] + [
     (f"race{' over candidate ids' * ids}", race_kernel._race_kernel,
      {"scaled_ptr": "*fp32", "low_ptr": "*i64", "high_ptr": "*i64", "ids_ptr": "*i64", "out_ptr": "*i64",
