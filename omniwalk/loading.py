@@ -215,6 +215,25 @@ def capture_decode_graphs(args: EngineArgs, lm, cache: PagedKVCache, max_model_l
     return graphs
 
 
+def capture_prefill_graphs(lm, graphs: DecodeGraphs | None, conv_kernel: int | None = None):
+    """CUDA graphs of small prefill batches (a request joining a running batch, the first
+    arrivals of a wave), beside the decode graphs; None without those or if capture fails."""
+    if graphs is None:
+        return None
+    from omniwalk.engine.prefill_graphs import PrefillGraphs
+
+    prefill = PrefillGraphs(lm, graphs, conv_kernel=conv_kernel)
+    started = time.perf_counter()
+    try:
+        prefill.capture()
+    except Exception:   # the eager pass does the same work, with more launches
+        logger.exception("could not capture the prefill CUDA graphs; small prefill batches run eagerly")
+        return None
+    logger.info("captured prefill CUDA graphs for (tokens, sequences) %s in %.1f s", prefill.buckets,
+                time.perf_counter() - started)
+    return prefill
+
+
 def load_text_model(args: EngineArgs, family, folder: Path | None) -> LoadedModel:
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
@@ -225,7 +244,8 @@ def load_text_model(args: EngineArgs, family, folder: Path | None) -> LoadedMode
     shape = kv_cache_shape(args, config, device, dtype)
     cache = PagedKVCache(shape, dtype, device, enable_prefix_caching=args.enable_prefix_caching)
     graphs = capture_decode_graphs(args, lm, cache, max_model_len)
-    served = TextGenerationModel(lm, cache, max_batch_size=args.max_num_seqs, decode_graphs=graphs)
+    served = TextGenerationModel(lm, cache, max_batch_size=args.max_num_seqs, decode_graphs=graphs,
+                                 prefill_graphs=capture_prefill_graphs(lm, graphs))
     logger.info("loaded %s (%s, %s on %s%s); KV cache: %d tokens in %d pages of %d",
                 args.model, family.name, dtype, device, ", random weights" if random_weights else "",
                 shape.capacity_tokens, shape.num_pages, shape.page_size)

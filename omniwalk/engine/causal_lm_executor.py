@@ -115,7 +115,7 @@ class CausalLMExecutor(NodeExecutor):
         self.max_batch_size = max_batch_size
         self.device = next(model.parameters()).device
         self.decode_graphs = decode_graphs
-        self.prefill_graphs = prefill_graphs   # small eager passes replayed as graphs (hybrid models)
+        self.prefill_graphs = prefill_graphs   # small eager passes replayed as graphs
         self.logits_mask = logits_mask
         self.sequences: dict[int, SequenceState] = {}
         self.lookahead: _Lookahead | None = None

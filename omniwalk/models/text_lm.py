@@ -17,6 +17,7 @@ import torch
 from omniwalk.engine.causal_lm_executor import CausalLMExecutor
 from omniwalk.engine.cuda_graphs import DecodeGraphs
 from omniwalk.engine.kv_cache import PagedKVCache
+from omniwalk.engine.prefill_graphs import PrefillGraphs
 from omniwalk.graph import (
     BudgetSpec, Keep, Loop, ModelGraph, Node, Sequential, StreamSpec, StreamView, ToClient, Walk, WalkCall,
 )
@@ -44,11 +45,12 @@ class TextGenerationModel:
     """A decoder LM served through the runtime (implements `ServedModel`)."""
 
     def __init__(self, lm: torch.nn.Module, cache: PagedKVCache, *, max_batch_size: int = 256,
-                 decode_graphs: DecodeGraphs | None = None):
+                 decode_graphs: DecodeGraphs | None = None, prefill_graphs: PrefillGraphs | None = None):
         self.lm = lm
         self.cache = cache
         self.graph = text_generation_graph()
-        self.executors = {BACKBONE.name: CausalLMExecutor(lm, cache, max_batch_size, decode_graphs)}
+        self.executors = {BACKBONE.name: CausalLMExecutor(lm, cache, max_batch_size, decode_graphs,
+                                                          prefill_graphs=prefill_graphs)}
 
     def plan(self, view: StreamView) -> WalkCall | None:
         if view.last_walk is None:

@@ -26,8 +26,9 @@ def engine(model: str, graphs: bool, max_num_seqs: int = 8, **engine_args) -> En
         pool = getattr(executor, "state_pool", None)   # the hybrid model's slot resource
         executor.decode_graphs = DecodeGraphs(
             executor.model, executor.cache, max_num_seqs, -(-loaded.max_model_len // args.page_size), pool)
-        if pool is not None:   # as its loader does
-            executor.prefill_graphs = PrefillGraphs(executor.model, executor.decode_graphs, pool.shape.conv_kernel)
+        # as the loaders do
+        executor.prefill_graphs = PrefillGraphs(executor.model, executor.decode_graphs,
+                                                pool.shape.conv_kernel if pool is not None else None)
     return Engine(args, loaded=loaded)
 
 
@@ -164,8 +165,9 @@ def test_prefill_chunks_beside_decode_rows_keep_the_lookahead(model):
     assert executor.lookahead_used >= 20 and executor.lookahead_dropped <= 3
 
 
-def test_prefill_graphs_pad_ragged_batches_exactly():
-    """Hybrid model: prompts joining a running batch at different steps, alone or several
+@pytest.mark.parametrize("model", ["tiny-qwen3", "tiny-qwen3_5"])
+def test_prefill_graphs_pad_ragged_batches_exactly(model):
+    """Prompts joining a running batch at different steps, alone or several
     at once, short (a padded prefill graph) and long (over the graphs' 128 tokens: eager),
     chunked (a piece with cached context); the ids equal plain decoding's."""
     prompts = ["a", "The quick brown fox jumps", "1 2 3 4 5 6 7 8 9 10 11 12", "many words " * 40,
@@ -175,7 +177,7 @@ def test_prefill_graphs_pad_ragged_batches_exactly():
                                sampling=SamplingParams(temperature=0.0, logprobs=0)) for i, p in enumerate(prompts)]
     results = {}
     for graphs in (False, True):
-        with engine("tiny-qwen3_5", graphs, max_num_seqs=3, max_num_batched_tokens=64) as e:
+        with engine(model, graphs, max_num_seqs=3, max_num_batched_tokens=64) as e:
             results[graphs] = [(r.token_ids, [lp.logprob for lp in r.logprobs]) for r in e.generate(batch)]
             executor = e.model.executors["backbone"]
     for (ids, logprobs), (plain_ids, plain_logprobs) in zip(results[True], results[False]):

@@ -46,8 +46,8 @@ def test_text_families(model, monkeypatch):
         return executor.decode_graphs is not None, prefill is not None and prefill.replays > 0, ids
 
     plain = run(model, False, monkeypatch, text)
-    # hybrid models replay their small prefill batches as graphs too
-    assert run(model, True, monkeypatch, graphs_used) == (True, model == "tiny-qwen3_5", plain)
+    # small prefill batches replay graphs too
+    assert run(model, True, monkeypatch, graphs_used) == (True, True, plain)
 
 
 def test_whisper(monkeypatch):
@@ -70,8 +70,11 @@ def test_orpheus(monkeypatch):
         return [r.token_ids for r in results], [np.frombuffer(r.pcm, "<i2").astype(int) for r in results]
 
     plain_ids, plain_pcm = run("tiny-orpheus", False, monkeypatch, speak)
-    wired, (ids, pcm) = run("tiny-orpheus", True, monkeypatch, lambda e: (
-        e.model.executors["snac_decoder"].graphs is not None and e.model.executors["backbone"].decode_graphs is not None,
-        speak(e)))
+    def wired_speak(engine):
+        spoken, backbone = speak(engine), engine.model.executors["backbone"]
+        return (engine.model.executors["snac_decoder"].graphs is not None and backbone.decode_graphs is not None
+                and backbone.prefill_graphs.replays > 0), spoken   # the prompts replayed a prefill graph
+
+    wired, (ids, pcm) = run("tiny-orpheus", True, monkeypatch, wired_speak)
     assert wired and ids == plain_ids
     assert all(len(a) == len(b) and np.abs(a - b).max() <= 1 for a, b in zip(pcm, plain_pcm))

@@ -19,7 +19,7 @@ from pathlib import Path
 from omniwalk.engine.kv_cache import PagedKVCache
 from omniwalk.layers.transformer import CausalLM
 from omniwalk.loading import (
-    EngineArgs, LoadedModel, build_module, capture_decode_graphs, context_length, kv_cache_shape,
+    EngineArgs, LoadedModel, build_module, capture_decode_graphs, capture_prefill_graphs, context_length, kv_cache_shape,
     quantize_backbone, read_model_source, resolve_device, resolve_dtype, uses_decode_graphs,
 )
 from omniwalk.models.orpheus.config import ORPHEUS_3B, TINY_SNAC, TINY_TOKENS
@@ -76,7 +76,7 @@ def load_orpheus(args: EngineArgs, family, folder: Path | None) -> LoadedModel:
     cache = PagedKVCache(shape, dtype, device)
     graphs = capture_decode_graphs(args, lm, cache, max_model_len)
     served = OrpheusModel(lm, cache, snac, tokens, max_batch_size=args.max_num_seqs, decode_graphs=graphs,
-                          snac_graphs=snac_graphs)
+                          snac_graphs=snac_graphs, prefill_graphs=capture_prefill_graphs(lm, graphs))
     logger.info("loaded %s (orpheus, %s on %s%s; SNAC %s); KV cache: %d tokens",
                 args.model, dtype, device, ", random weights" if random_weights else "",
                 snac_folder or "built-in", shape.capacity_tokens)

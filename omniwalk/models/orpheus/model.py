@@ -51,6 +51,7 @@ from omniwalk.engine.causal_lm_executor import CausalLMExecutor
 from omniwalk.engine.cuda_graphs import DecodeGraphs
 from omniwalk.engine.host_to_device import to_device
 from omniwalk.engine.kv_cache import PagedKVCache
+from omniwalk.engine.prefill_graphs import PrefillGraphs
 from omniwalk.engine.sampler import row_key, row_keys
 from omniwalk.graph import (
     BudgetSpec, Keep, Loop, ModelGraph, Node, Sequential, SlidingWindow, StreamEdge, StreamSpec, StreamView,
@@ -306,7 +307,7 @@ class OrpheusModel:
 
     def __init__(self, lm: torch.nn.Module, cache: PagedKVCache, snac: SnacDecoder, tokens: OrpheusTokens,
                  *, max_batch_size: int = 256, decode_graphs: DecodeGraphs | None = None,
-                 snac_graphs: SnacGraphs | None = None):
+                 snac_graphs: SnacGraphs | None = None, prefill_graphs: PrefillGraphs | None = None):
         self.lm = lm
         self.cache = cache
         self.snac = snac
@@ -315,7 +316,8 @@ class OrpheusModel:
         self.sampling_rate = snac.config.sampling_rate
         self.graph = orpheus_graph()
         self.executors = {
-            BACKBONE.name: CausalLMExecutor(lm, cache, max_batch_size, decode_graphs, AudioCodeMask(tokens)),
+            BACKBONE.name: CausalLMExecutor(lm, cache, max_batch_size, decode_graphs, AudioCodeMask(tokens),
+                                            prefill_graphs=prefill_graphs),
             SNAC_DECODER.name: SnacDecoderExecutor(snac, max_batch_size, snac_graphs),
         }
 

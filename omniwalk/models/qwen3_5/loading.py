@@ -13,7 +13,6 @@ either checkpoint kind:
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 
 import torch
@@ -23,8 +22,8 @@ from omniwalk.engine.hybrid_lm_executor import HybridLMExecutor
 from omniwalk.engine.kv_cache import PagedKVCache
 from omniwalk.engine.prefill_graphs import PrefillGraphs
 from omniwalk.engine.state_pool import StatePool, StatePoolShape
-from omniwalk.loading import (EngineArgs, LoadedModel, capture_decode_graphs, kv_cache_shape, read_model_source,
-                              resolve_device, resolve_dtype, uses_decode_graphs)
+from omniwalk.loading import (EngineArgs, LoadedModel, capture_decode_graphs, capture_prefill_graphs, kv_cache_shape,
+                              read_model_source, resolve_device, resolve_dtype, uses_decode_graphs)
 from omniwalk.models.loader import init_random_weights, load_checkpoint_weights
 from omniwalk.models.qwen3_5.config import Qwen3_5Config
 from omniwalk.models.qwen3_5.model import Qwen3_5ForCausalLM
@@ -100,18 +99,7 @@ def load_qwen3_5(args: EngineArgs, family, folder: Path | None) -> LoadedModel:
                     "state at its end", family.name)
     cache = PagedKVCache(shape, dtype, device, enable_prefix_caching=False)
     graphs = capture_decode_graphs(args, lm, cache, max_model_len, slot_resource=pool)
-    prefill = None
-    if graphs is not None:   # a request joining the batch: its prompt replays a graph too
-        prefill = PrefillGraphs(lm, graphs, conv_kernel=config.linear_conv_kernel_dim)
-        started = time.perf_counter()
-        try:
-            prefill.capture()
-        except Exception:   # the eager pass does the same work, with more launches
-            logger.exception("could not capture the prefill CUDA graphs; small prefill batches run eagerly")
-            prefill = None
-        else:
-            logger.info("captured prefill CUDA graphs for (tokens, sequences) %s in %.1f s", prefill.buckets,
-                        time.perf_counter() - started)
+    prefill = capture_prefill_graphs(lm, graphs, conv_kernel=config.linear_conv_kernel_dim)
     served = HybridTextGenerationModel(lm, cache, pool, max_batch_size=args.max_num_seqs, decode_graphs=graphs,
                                        prefill_graphs=prefill)
     logger.info("loaded %s (%s, %s on %s%s); KV cache (%d attention layers): %d tokens in %d pages of %d; "
