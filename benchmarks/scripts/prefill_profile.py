@@ -4,7 +4,7 @@ length and where its host time goes, then a CUDA kernel profile of one mixed ste
 
     PYTHONPATH=.:benchmarks/scripts python benchmarks/scripts/prefill_profile.py [C] [BUDGET] [PROFILED STEP]
 """
-import sys, time
+import os, sys, time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -31,7 +31,8 @@ budget = int(sys.argv[2]) if len(sys.argv) > 2 else 2048
 profiled = int(sys.argv[3]) if len(sys.argv) > 3 else 4   # this step of the second wave runs under the profiler
 cuda = torch.cuda.is_available()
 loaded = load_model(EngineArgs("benchmarks/orpheus-3b" if cuda else "tiny-orpheus",
-                               load_format="dummy" if cuda else "auto", max_num_seqs=count, max_model_len=2048))
+                               load_format="dummy" if cuda else "auto", max_num_seqs=count, max_model_len=2048,
+                               quantization=os.environ.get("ORPHEUS_QUANTIZATION")))
 model = loaded.served
 engine_stub = type("E", (), {"tokenizer": loaded.tokenizer, "model": model})()
 sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -62,5 +63,6 @@ for round in range(2):   # the first round warms every path
             print(f"step {step}: {lengths[-1]:.1f} ms; " + ", ".join(f"{k} {v * 1e3:.2f}" for k, v in acc.most_common(9)))
     while runtime.has_unfinished:
         runtime.step()
-print(p.key_averages().table(sort_by="cuda_time_total" if cuda else "cpu_time_total", row_limit=25, max_name_column_width=110))
+print(p.key_averages().table(sort_by="cuda_time_total" if cuda else "cpu_time_total", row_limit=int(os.environ.get("ROWS", 25)),
+                             max_name_column_width=int(os.environ.get("WIDTH", 110))))
 print(p.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=110))
