@@ -89,3 +89,15 @@ def test_tiny_orpheus_loads_with_an_fp8_backbone():
     loaded = load_model(EngineArgs("tiny-orpheus", quantization="fp8"))
     assert isinstance(loaded.served.lm.model.layers[0].self_attn.qkv_proj, Fp8Linear)
 
+
+
+def test_the_flag_reaches_engine_args_for_serve_and_bench():
+    from omniwalk.bench.cli import _engine_args as bench_engine_args
+    from omniwalk.cli import _engine_args, build_parser
+    parser = build_parser()
+    assert _engine_args(parser.parse_args(["serve", "tiny-llama", "--quantization", "fp8"])).quantization == "fp8"
+    assert _engine_args(parser.parse_args(["serve", "tiny-llama"])).quantization is None
+    bench = parser.parse_args(["bench", "--tts", "--model", "tiny-orpheus", "--quantization", "fp8"])
+    assert bench_engine_args(bench).quantization == "fp8"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "tiny-llama", "--quantization", "int8"])
