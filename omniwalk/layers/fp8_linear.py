@@ -73,7 +73,7 @@ if triton is not None:
     @triton.jit
     def _quantize_rows_kernel(x_ptr, out_ptr, scale_ptr, stride_x, width, fp8_max, inverse_fp8_max, min_scale,
                               BLOCK: tl.constexpr):
-        row = tl.program_id(0)
+        row = tl.program_id(0).to(tl.int64)   # rows x width may pass 2^31 in a long prefill
         offsets = tl.arange(0, BLOCK)
         mask = offsets < width
         x = tl.load(x_ptr + row * stride_x + offsets, mask=mask, other=0.0).to(tl.float32)
