@@ -127,7 +127,8 @@ def test_orpheus_codes_equal_and_audio_close_cuda_vs_cpu():
 
     def speak(engine):
         if engine.loaded.device.type == "cuda":
-            assert engine.model.executors["snac_decoder"].graphs is not None
+            snac = engine.model.executors["snac_decoder"]
+            assert snac.graphs is not None and snac.centre_graphs is not None
         return [synthesize(engine, SpeechRequest("Hello there, how are you?", voice="tara", max_output_tokens=n,
                                                  ignore_eos=True, seed=7)) for n in (7, 29, 70)]
 

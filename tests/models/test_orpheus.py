@@ -76,6 +76,39 @@ def test_snac_decoder_matches_the_snac_package(config):
     assert expected.std().item() > 1e-3     # not a trivially silent comparison
 
 
+@pytest.mark.parametrize("config", [TINY_SNAC, replace(TINY_SNAC, decoder_rates=(3, 2, 2)), SNAC_24KHZ],
+                         ids=["tiny", "tiny-odd-rate", "snac_24khz"])
+def test_a_part_of_a_window_decodes_alone_to_the_same_samples(config):
+    """`keep`: only samples [a, b), from the least input that determines them. In float64
+    the samples equal the whole decode's to rounding (a plan one step short would be off
+    by O(1) there); against the `snac` package in fp32, the window's centre within 1e-4."""
+    frame = samples_per_frame(config)
+    decoder = SnacDecoder(config).double().eval()
+    init_random_snac(decoder, seed=4)
+    codes = random_codes(config, 2, 4)
+
+    def noise(index, x, start=0, total=None):   # SeededNoise, computed in fp32 as served, then float64
+        return SeededNoise([5, 6])(index, x.float(), start, total).double()
+
+    with torch.inference_mode():
+        whole = decoder(codes, noise)[:, 0]
+        for keep in ((frame, 2 * frame), (0, 2 * frame), (2 * frame, 4 * frame), (frame + 7, 3 * frame - 5)):
+            part = decoder(codes, noise, keep)[:, 0]
+            assert part.shape == (2, keep[1] - keep[0])
+            assert (part - whole[:, keep[0]:keep[1]]).abs().max().item() < 1e-9
+    if config is SNAC_24KHZ:   # the blocks' input steps a centre needs: 15 of 16, 48 of 128, 288 of 1024, 1068 of 4096
+        assert decoder.decoder.crop_plan(16, (frame, 2 * frame)) == [(0, 15), (24, 72), (240, 528), (1002, 2070)]
+        reference = reference_snac(config)
+        ours = SnacDecoder(config)
+        load_snac_state(ours, reference.state_dict())
+        with torch.inference_mode():
+            torch.manual_seed(1)
+            expected = reference.decode(codes)[:, 0, frame:2 * frame]
+            torch.manual_seed(1)
+            got = ours(codes, torch_global_noise, (frame, 2 * frame))[:, 0]
+        assert (got - expected).abs().max().item() < 1e-4
+
+
 def test_snac_with_its_triton_kernels_matches_the_snac_package(monkeypatch):
     """The CUDA path's kernels (Snake, depthwise conv with and without a Snake after it,
     1x1 conv with the residual add or the noise or neither, short transposed convs as a
@@ -93,7 +126,11 @@ def test_snac_with_its_triton_kernels_matches_the_snac_package(monkeypatch):
         expected = reference.decode(codes)
         torch.manual_seed(1)
         got = ours(codes, torch_global_noise)
+        frame = samples_per_frame(TINY_SNAC)   # a window's middle alone (cropped, non-contiguous inputs)
+        torch.manual_seed(1)
+        middle = ours(codes, torch_global_noise, (frame, 2 * frame))
     assert (got - expected).abs().max().item() < 1e-4 and expected.std().item() > 1e-3
+    assert (middle - expected[:, :, frame:2 * frame]).abs().max().item() < 1e-4
     x, alpha = torch.randn(2, 5, 37) * 3, torch.rand(1, 5, 1) + 0.5
     torch.testing.assert_close(snake.snake(x, alpha), snake.snake_reference(x, alpha), atol=1e-5, rtol=1e-5)
     for dilation in (1, 3, 9):   # windows reaching past both ends of a short input
@@ -443,15 +480,19 @@ def test_snac_graph_path_gives_the_eager_samples(max_windows):
     for graphs in (False, True):
         with Engine(EngineArgs("tiny-orpheus", device="cpu", kv_cache_tokens=8192, max_num_seqs=4)) as e:
             snac = e.model.executors["snac_decoder"]
-            if graphs:
-                snac.graphs = SnacGraphs(snac.decoder, WINDOW_FRAMES, max_windows)
+            if graphs:   # whole windows and centres alone, as the loader captures them on CUDA
                 calls = []
-                run = snac.graphs.run
-                snac.graphs.run = lambda codes, keys: calls.append(len(keys)) or run(codes, keys)
+                for name, keep in (("graphs", None), ("centre_graphs", snac.centre)):
+                    setattr(snac, name, SnacGraphs(snac.decoder, WINDOW_FRAMES, max_windows, keep=keep))
+                    run = getattr(snac, name).run
+                    getattr(snac, name).run = (lambda run, keep: lambda codes, keys:
+                                               calls.append((keep, len(keys))) or run(codes, keys))(run, keep)
             streams = [submit_speech(e, r) for r in requests]
             outputs[graphs] = [collect_speech(s) for s in streams]
     for eager, graphed in zip(outputs[False], outputs[True]):
         assert graphed.token_ids == eager.token_ids and len(graphed.pcm) == len(eager.pcm) > 0
         difference = np.frombuffer(graphed.pcm, "<i2").astype(int) - np.frombuffer(eager.pcm, "<i2").astype(int)
         assert np.abs(difference).max() <= 1
-    assert len(calls) > 5 and max(calls) > 1
+    # both sets replayed, several windows at once (and split over parts when max_windows = 2)
+    assert {keep for keep, _ in calls} == {None, snac.centre}
+    assert len(calls) > 5 and max(n for _, n in calls) > 1

@@ -22,8 +22,8 @@ from omniwalk.loading import (
     EngineArgs, LoadedModel, build_module, capture_decode_graphs, capture_prefill_graphs, context_length, kv_cache_shape,
     quantize_backbone, read_model_source, resolve_device, resolve_dtype, uses_decode_graphs,
 )
-from omniwalk.models.orpheus.config import ORPHEUS_3B, TINY_SNAC, TINY_TOKENS
-from omniwalk.models.orpheus.model import WINDOW_FRAMES, OrpheusModel
+from omniwalk.models.orpheus.config import ORPHEUS_3B, TINY_SNAC, TINY_TOKENS, samples_per_frame
+from omniwalk.models.orpheus.model import CENTRE, WINDOW_FRAMES, OrpheusModel
 from omniwalk.models.orpheus.snac import (
     SNAC_24KHZ, SnacDecoder, init_random_snac, load_snac_state, read_snac_config, read_snac_state,
 )
@@ -66,11 +66,15 @@ def load_orpheus(args: EngineArgs, family, folder: Path | None) -> LoadedModel:
 
     snac_graphs = None
     if uses_decode_graphs(args, device):   # before the KV cache, which takes what memory is left
-        snac_graphs = SnacGraphs(snac, WINDOW_FRAMES, max_windows=min(args.max_num_seqs, MAX_GRAPH_WINDOWS))
+        windows, frame = min(args.max_num_seqs, MAX_GRAPH_WINDOWS), samples_per_frame(snac.config)
+        # whole windows (a request's first and last) and centres alone (every other window)
+        snac_graphs = (SnacGraphs(snac, WINDOW_FRAMES, windows),
+                       SnacGraphs(snac, WINDOW_FRAMES, windows, keep=(CENTRE[0] * frame, CENTRE[1] * frame)))
         started = time.perf_counter()
-        snac_graphs.capture()
-        logger.info("captured SNAC CUDA graphs for %s windows in %.1f s", snac_graphs.buckets,
-                    time.perf_counter() - started)
+        for graphs in snac_graphs:
+            graphs.capture()
+        logger.info("captured SNAC CUDA graphs (whole windows, centres) for %s windows in %.1f s",
+                    snac_graphs[0].buckets, time.perf_counter() - started)
     max_model_len = context_length(args, config)
     shape = kv_cache_shape(args, config, device, dtype)
     cache = PagedKVCache(shape, dtype, device)

@@ -249,10 +249,15 @@ class SnacDecoderExecutor(NodeExecutor):
     share one); the emitted frames are cut out after decoding, converted as the
     reference does (x * 32767, truncated toward zero)."""
 
-    def __init__(self, decoder: SnacDecoder, max_batch_size: int = 256, graphs: SnacGraphs | None = None):
+    def __init__(self, decoder: SnacDecoder, max_batch_size: int = 256, graphs: SnacGraphs | None = None,
+                 centre_graphs: SnacGraphs | None = None):
         self.decoder = decoder
-        self.graphs = graphs      # full windows through CUDA graphs (see snac_graphs.py)
+        self.graphs = graphs                  # full windows through CUDA graphs (see snac_graphs.py)
+        self.centre_graphs = centre_graphs    # full windows that emit their centre alone
         self.frame_samples = samples_per_frame(decoder.config)
+        # Most windows emit only their centre frame: those decode just its samples (SnacDecoder's
+        # keep: the least input that determines them), ~half the work of the whole window
+        self.centre = (CENTRE[0] * self.frame_samples, CENTRE[1] * self.frame_samples)
         self.max_batch_size = max_batch_size
         self.device = next(decoder.parameters()).device
         # Its own CUDA stream: the codec's kernels run beside the backbone's look-ahead step
@@ -267,22 +272,27 @@ class SnacDecoderExecutor(NodeExecutor):
             return self._decode(calls)
 
     def _decode(self, calls: list[NodeCall]) -> list[dict[str, Any]]:
-        by_length: dict[int, list[int]] = defaultdict(list)
+        groups: dict[tuple[int, bool], list[int]] = defaultdict(list)   # (frames, centre only) -> calls
         for index, call in enumerate(calls):
-            by_length[call.inputs["window"].num_frames].append(index)
+            frames = call.inputs["window"].num_frames
+            groups[frames, frames == WINDOW_FRAMES and call.inputs["emit"] == CENTRE].append(index)
         results: list[dict[str, Any]] = [{} for _ in calls]
-        for rows in by_length.values():
+        for (frames, centre_only), rows in groups.items():
             windows = [calls[i].inputs["window"] for i in rows]
             keys = noise_keys([calls[i].stream.params.seed for i in rows], [w.first_frame for w in windows])
-            if self.graphs is not None and windows[0].num_frames == self.graphs.frames:
-                audio = self.graphs.run(np.array([w.codes for w in windows]), keys)   # [rows, frames * S]
+            keep = self.centre if centre_only else None
+            graphs = self.centre_graphs if centre_only else self.graphs
+            if graphs is not None and frames == graphs.frames:
+                audio = graphs.run(np.array([w.codes for w in windows]), keys)        # [rows, samples]
             else:
                 noise = SeededNoise(keys) if self.decoder.config.noise else None
-                audio = self.decoder(self._levels(windows), noise)[:, 0]             # [rows, frames * S]
+                audio = self.decoder(self._levels(windows), noise, keep)[:, 0]       # [rows, samples]
             pcm = self._to_host((audio * 32767).to(torch.int16))                  # one copy per group
+            offset = keep[0] if keep else 0   # sample 0 of a row is sample `offset` of its window
             for row, index in enumerate(rows):
                 first, end = calls[index].inputs["emit"]
-                results[index] = {"pcm": PendingPCM(pcm, row, first * self.frame_samples, end * self.frame_samples)}
+                results[index] = {"pcm": PendingPCM(pcm, row, first * self.frame_samples - offset,
+                                                    end * self.frame_samples - offset)}
         return results
 
     def _to_host(self, pcm: torch.Tensor) -> "HostPCM":
@@ -307,7 +317,8 @@ class OrpheusModel:
 
     def __init__(self, lm: torch.nn.Module, cache: PagedKVCache, snac: SnacDecoder, tokens: OrpheusTokens,
                  *, max_batch_size: int = 256, decode_graphs: DecodeGraphs | None = None,
-                 snac_graphs: SnacGraphs | None = None, prefill_graphs: PrefillGraphs | None = None):
+                 snac_graphs: tuple[SnacGraphs, SnacGraphs] | None = None,
+                 prefill_graphs: PrefillGraphs | None = None):
         self.lm = lm
         self.cache = cache
         self.snac = snac
@@ -318,7 +329,7 @@ class OrpheusModel:
         self.executors = {
             BACKBONE.name: CausalLMExecutor(lm, cache, max_batch_size, decode_graphs, AudioCodeMask(tokens),
                                             prefill_graphs=prefill_graphs),
-            SNAC_DECODER.name: SnacDecoderExecutor(snac, max_batch_size, snac_graphs),
+            SNAC_DECODER.name: SnacDecoderExecutor(snac, max_batch_size, *(snac_graphs or (None, None))),
         }
 
     def plan(self, view: StreamView) -> WalkCall | None:

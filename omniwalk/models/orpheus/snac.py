@@ -40,8 +40,9 @@ from omniwalk.models.orpheus import pointwise_conv as pointwise
 from omniwalk.models.orpheus.depthwise_conv import DepthwiseConv1d, depthwise_conv1d
 from omniwalk.models.orpheus.snake import snake
 
-# (upsampling block index, activations [B, C, T]) -> noise [B, 1, T]
-NoiseSource = Callable[[int, torch.Tensor], torch.Tensor]
+# (upsampling block index, activations [B, C, T], the true time step of x[..., 0], the
+# block's full output length) -> noise [B, 1, T]: the noise of those T steps of the block
+NoiseSource = Callable[[int, torch.Tensor, int, int], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -164,11 +165,19 @@ class UpsampleBlock(nn.Module):
         self.block = nn.ModuleList(layers)
         self._gemm_weight: tuple | None = None   # ((data_ptr, version), the weight as a 1x1 conv's)
 
-    def forward(self, x: torch.Tensor, noise: NoiseSource | None, index: int) -> torch.Tensor:
+    @property
+    def residual_reach(self) -> int:
+        """Steps on each side an output of the residual units reads (3 taps x dilation each)."""
+        return sum(layer.block[1].dilation[0] * 3 for layer in self.block if isinstance(layer, ResidualUnit))
+
+    def forward(self, x: torch.Tensor, noise: NoiseSource | None, index: int, start: int = 0,
+                total: int | None = None) -> torch.Tensor:
+        """x: [B, in, T] -> [B, out, T * rate]; x may be a crop of the block's input starting
+        at step `start / rate`, `total` the full output length (the noise is positional)."""
         for layer in self.block:
             if isinstance(layer, NoiseInjection):
                 if noise is not None:
-                    x = layer(x, noise(index, x))
+                    x = layer(x, noise(index, x, start, x.shape[-1] if total is None else total))
             elif (isinstance(layer, nn.ConvTranspose1d) and x.shape[-1] <= SHORT_UPSAMPLE_INPUT
                   and pointwise.use_triton(x)):
                 x = self._upsample_as_gemm(layer, x)
@@ -222,15 +231,43 @@ class WaveDecoder(nn.Module):
         layers += [Snake(out_dim), nn.Conv1d(out_dim, 1, kernel_size=7, padding=3), nn.Tanh()]
         self.model = nn.ModuleList(layers)
 
-    def forward(self, z: torch.Tensor, noise: NoiseSource | None) -> torch.Tensor:
-        x, block = z, 0
+    def forward(self, z: torch.Tensor, noise: NoiseSource | None,
+                keep: tuple[int, int] | None = None) -> torch.Tensor:
+        """keep = (a, b): only output samples [a, b), from the least input that determines
+        them (`crop_plan`): the same values, ~half the work for a window's centre."""
+        plan = None if keep is None else self.crop_plan(z.shape[-1], keep)
+        x, block, start, length = z, 0, 0, z.shape[-1]   # x holds steps [start, start + T) of `length`
         for layer in self.model:
             if isinstance(layer, UpsampleBlock):
-                x = layer(x, noise, block)
-                block += 1
+                rate = layer.block[1].stride[0]
+                if plan is not None:
+                    low, high = plan[block]
+                    x, start = x[:, :, low - start : high - start].contiguous(), low
+                x = layer(x, noise, block, start * rate, length * rate)
+                block, start, length = block + 1, start * rate, length * rate
             else:
                 x = layer(x)
-        return x
+        return x if keep is None else x[:, :, keep[0] - start : keep[1] - start]
+
+    def crop_plan(self, latent_steps: int, keep: tuple[int, int]) -> list[tuple[int, int]]:
+        """For each upsampling block, the input steps [low, high) that determine output
+        samples [a, b) exactly. Computed backwards: the output conv reads 3 steps each side,
+        a block's residual units `residual_reach`, and its transposed conv (kernel 2r,
+        stride r, padding p) writes output t = q r + k - p from input q, k in [0, 2r).
+        Outputs near a cropped edge are wrong (zero padding where the input went on); the
+        plan keeps them out of [a, b)."""
+        blocks = [layer for layer in self.model if isinstance(layer, UpsampleBlock)]
+        rates = [block.block[1].stride[0] for block in blocks]
+        inputs = [latent_steps * math.prod(rates[:i]) for i in range(len(rates))]
+        low, high = keep[0] - 3, keep[1] + 3   # the final 7-tap conv
+        plan: list[tuple[int, int]] = []
+        for block, rate, steps in zip(reversed(blocks), reversed(rates), reversed(inputs)):
+            reach, padding = block.residual_reach, block.block[1].padding[0]
+            low, high = max(0, low - reach), min(steps * rate, high + reach)
+            low = max(0, -(-(low + padding - 2 * rate + 1) // rate))
+            high = min(steps, (high - 1 + padding) // rate + 1)
+            plan.append((low, high))
+        return plan[::-1]
 
 
 class CodebookLevel(nn.Module):
@@ -273,18 +310,22 @@ class SnacDecoder(nn.Module):
         self.quantizer = CodeEmbedding(config)
         self.decoder = WaveDecoder(config)
 
-    def forward(self, codes: list[torch.Tensor], noise: NoiseSource | None = None) -> torch.Tensor:
+    def forward(self, codes: list[torch.Tensor], noise: NoiseSource | None = None,
+                keep: tuple[int, int] | None = None) -> torch.Tensor:
+        """keep = (a, b): audio [B, 1, b - a], samples [a, b) of the whole decode (see WaveDecoder)."""
         if len(codes) != len(self.config.vq_strides):
             raise ValueError(f"{len(codes)} code levels for a SNAC with {len(self.config.vq_strides)}")
-        return self.decoder(self.quantizer(codes), noise)
+        return self.decoder(self.quantizer(codes), noise, keep)
 
 
 # ---------------------------------------------------------------------------------- noise
 
 
-def torch_global_noise(index: int, x: torch.Tensor) -> torch.Tensor:
+def torch_global_noise(index: int, x: torch.Tensor, start: int = 0, total: int | None = None) -> torch.Tensor:
     """The draws of the `snac` package: torch.randn((B, 1, T)) per block, in block order."""
-    return torch.randn((x.shape[0], 1, x.shape[2]), device=x.device, dtype=x.dtype)
+    steps = x.shape[2]
+    drawn = torch.randn((x.shape[0], 1, total or steps), device=x.device, dtype=x.dtype)
+    return drawn[:, :, start : start + steps]
 
 
 class SeededNoise:
@@ -297,13 +338,20 @@ class SeededNoise:
     def __init__(self, keys):
         self.keys = keys   # one 64-bit key per batch row (ints or uint64)
 
-    def __call__(self, index: int, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, index: int, x: torch.Tensor, start: int = 0, total: int | None = None) -> torch.Tensor:
         rows, _, steps = x.shape
         if rows != len(self.keys):
             raise ValueError(f"{len(self.keys)} noise keys for a batch of {rows}")
-        u = hash_uniform(row_keys(self.keys, index), 2 * steps, x.device)  # float64 (0, 1)
-        z = torch.sqrt(-2.0 * torch.log(u[:, :steps])) * torch.cos(2.0 * math.pi * u[:, steps:])
-        return z.to(x.dtype).unsqueeze(1)
+        total = total or steps
+        u = hash_uniform(row_keys(self.keys, index), 2 * total, x.device)  # float64 (0, 1)
+        return gaussian(u, start, steps, total).to(x.dtype).unsqueeze(1)
+
+
+def gaussian(u: torch.Tensor, start: int, steps: int, total: int) -> torch.Tensor:
+    """Box-Muller: normal draws at time steps [start, start + steps) from the [rows, 2 total]
+    uniforms of a block (step t uses uniforms t and total + t)."""
+    first, second = u[:, start : start + steps], u[:, total + start : total + start + steps]
+    return torch.sqrt(-2.0 * torch.log(first)) * torch.cos(2.0 * math.pi * second)
 
 
 # ---------------------------------------------------------------------------------- weights

@@ -7,25 +7,27 @@ shapes, so a graph per batch bucket replays the whole decoder in one launch:
 
     static inputs    codes of the 3 levels   [B, frames], [B, 2 * frames], [B, 4 * frames]
                      noise keys per block    [blocks, B] as the (low, high) 32-bit halves
-    static output    audio                   [B, frames * hop_length]
+    static output    audio                   [B, frames * hop_length], or the samples in `keep`
     rows n .. B-1    codes 0, keys 0         (results dropped)
 
 The noise is `SeededNoise`'s: the same hash of (row key, block, time step), computed in
 the graph from the key buffers, so a window's samples do not depend on the path.
 On a CPU nothing is captured and `run` computes the same forward eagerly from the same
 buffers (how CI checks the path).
+
+Most full windows emit only their centre frame (see model.py): a second set of graphs
+decodes just that (`keep`), from the least input that determines it: about half the work.
 """
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import torch
 
 from omniwalk.engine.cuda_graphs import batch_buckets, capture_per_bucket
 from omniwalk.engine.sampler import _uniform, row_keys
-from omniwalk.models.orpheus.snac import SnacDecoder
+from omniwalk.models.orpheus.snac import SnacDecoder, gaussian
 
 LEVEL_CODES = (1, 2, 4)   # codes per frame on SNAC's three levels (7 in all)
 FRAME_LAYOUT = ((0,), (1, 4), (2, 3, 5, 6))   # each level's codes among a frame's 7
@@ -37,18 +39,20 @@ class KeyedNoise:
     def __init__(self, low: torch.Tensor, high: torch.Tensor):
         self.low, self.high = low, high   # [blocks, rows] int64: halves of row_key(key, block)
 
-    def __call__(self, index: int, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, index: int, x: torch.Tensor, start: int = 0, total: int | None = None) -> torch.Tensor:
         steps = x.shape[2]
-        tokens = torch.arange(2 * steps, dtype=torch.int64, device=x.device).unsqueeze(0)
+        total = total or steps
+        tokens = torch.arange(2 * total, dtype=torch.int64, device=x.device).unsqueeze(0)
         u = _uniform(tokens, self.low[index].unsqueeze(1), self.high[index].unsqueeze(1))   # float64 (0, 1)
-        z = torch.sqrt(-2.0 * torch.log(u[:, :steps])) * torch.cos(2.0 * math.pi * u[:, steps:])
-        return z.to(x.dtype).unsqueeze(1)
+        return gaussian(u, start, steps, total).to(x.dtype).unsqueeze(1)
 
 
 class SnacGraphs:
-    def __init__(self, decoder: SnacDecoder, frames: int, max_windows: int):
+    def __init__(self, decoder: SnacDecoder, frames: int, max_windows: int, keep: tuple[int, int] | None = None):
+        """`keep`: the graphs compute only these samples of each window (SnacDecoder's keep)."""
         self.decoder = decoder
         self.frames = frames
+        self.keep = keep
         self.device = next(decoder.parameters()).device
         self.on_cuda = self.device.type == "cuda"
         self.buckets = batch_buckets(max_windows)
@@ -66,7 +70,7 @@ class SnacGraphs:
 
     def _forward(self, batch: int) -> torch.Tensor:
         noise = KeyedNoise(self.keys[0, :, :batch], self.keys[1, :, :batch]) if self.num_blocks else None
-        return self.decoder([codes[:batch] for codes in self.codes], noise)[:, 0]   # [batch, samples]
+        return self.decoder([codes[:batch] for codes in self.codes], noise, self.keep)[:, 0]   # [batch, samples]
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -74,7 +78,7 @@ class SnacGraphs:
             self.graphs = capture_per_bucket(self.device, self.buckets, self._forward)
 
     def run(self, codes: np.ndarray, keys) -> torch.Tensor:
-        """Audio [n, frames * hop_length] of n full windows: `codes` [n, frames * 7] int
+        """Audio [n, frames * hop_length] of n full windows (the `keep` samples if set): `codes` [n, frames * 7] int
         (frame-major, as the LM emits them), `keys` the windows' noise keys."""
         if len(keys) <= self.max_windows:
             return self._run_part(codes, keys, self._staging_set(0))
