@@ -95,4 +95,9 @@ def test_health_503_when_loop_is_stuck(launch_server):
             release.set()
             runtime.step = step
             thread.join()
-        assert httpx.get(running.url + "/health").status_code == 200
+        # recovered: the request is done and the loop beats again (the request leaves the
+        # in-flight count on the output thread, a moment after its answer was sent)
+        deadline = time.monotonic() + 5
+        while (status := httpx.get(running.url + "/health").status_code) != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert status == 200
