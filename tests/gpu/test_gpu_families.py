@@ -127,8 +127,7 @@ def test_orpheus_codes_equal_and_audio_close_cuda_vs_cpu():
 
     def speak(engine):
         if engine.loaded.device.type == "cuda":
-            snac = engine.model.executors["snac_decoder"]
-            assert snac.graphs is not None and snac.centre_graphs is not None
+            assert len(engine.model.executors["snac_decoder"].graphs) == 3   # first, centre, last windows
         return [synthesize(engine, SpeechRequest("Hello there, how are you?", voice="tara", max_output_tokens=n,
                                                  ignore_eos=True, seed=7)) for n in (7, 29, 70)]
 

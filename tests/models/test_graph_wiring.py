@@ -72,7 +72,7 @@ def test_orpheus(monkeypatch):
     plain_ids, plain_pcm = run("tiny-orpheus", False, monkeypatch, speak)
     def wired_speak(engine):
         spoken, backbone = speak(engine), engine.model.executors["backbone"]
-        return (engine.model.executors["snac_decoder"].graphs is not None and backbone.decode_graphs is not None
+        return (len(engine.model.executors["snac_decoder"].graphs) == 3 and backbone.decode_graphs is not None
                 and backbone.prefill_graphs.replays > 0), spoken   # the prompts replayed a prefill graph
 
     wired, (ids, pcm) = run("tiny-orpheus", True, monkeypatch, wired_speak)

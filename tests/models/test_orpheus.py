@@ -472,7 +472,7 @@ def test_snac_graph_path_gives_the_eager_samples(max_windows):
     also when a step's windows are split over several replays: within 1 LSB, because a
     bucket pads the batch and the convolutions' float rounding depends on the batch size
     (a wrong noise key or code layout moves samples by thousands)."""
-    from omniwalk.models.orpheus.model import WINDOW_FRAMES
+    from omniwalk.models.orpheus.model import CENTRE, HEAD, TAIL, WINDOW_FRAMES
     from omniwalk.models.orpheus.snac_graphs import SnacGraphs
 
     requests = [speech(n, seed=s) for n, s in ((70, 1), (35, 2), (49, 3), (29, 4))]
@@ -480,19 +480,22 @@ def test_snac_graph_path_gives_the_eager_samples(max_windows):
     for graphs in (False, True):
         with Engine(EngineArgs("tiny-orpheus", device="cpu", kv_cache_tokens=8192, max_num_seqs=4)) as e:
             snac = e.model.executors["snac_decoder"]
-            if graphs:   # whole windows and centres alone, as the loader captures them on CUDA
+            if graphs:   # a set per emitted frame range, as the loader captures them on CUDA
                 calls = []
-                for name, keep in (("graphs", None), ("centre_graphs", snac.centre)):
-                    setattr(snac, name, SnacGraphs(snac.decoder, WINDOW_FRAMES, max_windows, keep=keep))
-                    run = getattr(snac, name).run
-                    getattr(snac, name).run = (lambda run, keep: lambda codes, keys:
-                                               calls.append((keep, len(keys))) or run(codes, keys))(run, keep)
+                frame = snac.frame_samples
+                for emit in (HEAD, CENTRE, TAIL):
+                    graph_set = SnacGraphs(snac.decoder, WINDOW_FRAMES, max_windows,
+                                           keep=(emit[0] * frame, emit[1] * frame))
+                    run = graph_set.run
+                    graph_set.run = (lambda run, emit: lambda codes, keys:
+                                     calls.append((emit, len(keys))) or run(codes, keys))(run, emit)
+                    snac.graphs[emit] = graph_set
             streams = [submit_speech(e, r) for r in requests]
             outputs[graphs] = [collect_speech(s) for s in streams]
     for eager, graphed in zip(outputs[False], outputs[True]):
         assert graphed.token_ids == eager.token_ids and len(graphed.pcm) == len(eager.pcm) > 0
         difference = np.frombuffer(graphed.pcm, "<i2").astype(int) - np.frombuffer(eager.pcm, "<i2").astype(int)
         assert np.abs(difference).max() <= 1
-    # both sets replayed, several windows at once (and split over parts when max_windows = 2)
-    assert {keep for keep, _ in calls} == {None, snac.centre}
+    # every set replayed, several windows at once (and split over parts when max_windows = 2)
+    assert {emit for emit, _ in calls} == {HEAD, CENTRE, TAIL}
     assert len(calls) > 5 and max(n for _, n in calls) > 1

@@ -23,7 +23,7 @@ from omniwalk.loading import (
     quantize_backbone, read_model_source, resolve_device, resolve_dtype, uses_decode_graphs,
 )
 from omniwalk.models.orpheus.config import ORPHEUS_3B, TINY_SNAC, TINY_TOKENS, samples_per_frame
-from omniwalk.models.orpheus.model import CENTRE, WINDOW_FRAMES, OrpheusModel
+from omniwalk.models.orpheus.model import CENTRE, HEAD, TAIL, WINDOW_FRAMES, OrpheusModel
 from omniwalk.models.orpheus.snac import (
     SNAC_24KHZ, SnacDecoder, init_random_snac, load_snac_state, read_snac_config, read_snac_state,
 )
@@ -32,7 +32,8 @@ from omniwalk.models.orpheus.snac_graphs import SnacGraphs
 logger = logging.getLogger(__name__)
 
 # Full windows per SNAC graph replay: a step with more decodes them in parts. Bounds the
-# graphs' activation memory (~1 GB at snac_24khz), taken before the KV cache is sized.
+# graphs' activation memory (~1 GB for whole windows at snac_24khz; the three cropped sets
+# take ~1.6x that), taken before the KV cache is sized.
 MAX_GRAPH_WINDOWS = 64
 
 
@@ -67,14 +68,15 @@ def load_orpheus(args: EngineArgs, family, folder: Path | None) -> LoadedModel:
     snac_graphs = None
     if uses_decode_graphs(args, device):   # before the KV cache, which takes what memory is left
         windows, frame = min(args.max_num_seqs, MAX_GRAPH_WINDOWS), samples_per_frame(snac.config)
-        # whole windows (a request's first and last) and centres alone (every other window)
-        snac_graphs = (SnacGraphs(snac, WINDOW_FRAMES, windows),
-                       SnacGraphs(snac, WINDOW_FRAMES, windows, keep=(CENTRE[0] * frame, CENTRE[1] * frame)))
+        # one set per frame range a full window emits: a request's first window, the centre
+        # (every other window), the final flush; each decodes only its samples
+        snac_graphs = {emit: SnacGraphs(snac, WINDOW_FRAMES, windows, keep=(emit[0] * frame, emit[1] * frame))
+                       for emit in (HEAD, CENTRE, TAIL)}
         started = time.perf_counter()
-        for graphs in snac_graphs:
+        for graphs in snac_graphs.values():
             graphs.capture()
-        logger.info("captured SNAC CUDA graphs (whole windows, centres) for %s windows in %.1f s",
-                    snac_graphs[0].buckets, time.perf_counter() - started)
+        logger.info("captured SNAC CUDA graphs (first, centre and last windows) for %s windows in %.1f s",
+                    snac_graphs[CENTRE].buckets, time.perf_counter() - started)
     max_model_len = context_length(args, config)
     shape = kv_cache_shape(args, config, device, dtype)
     cache = PagedKVCache(shape, dtype, device)

@@ -66,6 +66,8 @@ CODES_STREAM = "codes"
 AUDIO_STREAM = "audio"
 WINDOW_FRAMES = 4            # frames per decoded window
 CENTRE = (1, 2)              # the window frames the reference keeps (samples S:2S)
+HEAD = (0, CENTRE[1])        # a request's first window emits its frames 0, 1
+TAIL = (CENTRE[1], WINDOW_FRAMES)   # the final flush: the last window's frames 2, 3
 
 BACKBONE = Node("backbone", inputs=("tokens",), outputs=("token",), stateful=True)
 SNAC_DECODER = Node("snac_decoder", inputs=("window", "emit"), outputs=("pcm",))
@@ -130,11 +132,11 @@ def plan_audio(tokens: OrpheusTokens, view: StreamView) -> WalkCall | None:
         return None
     if not chunk.is_final:       # a full window, frames [e - 3, e] for the newest frame e
         window = Window.from_tokens(tokens, chunk.items, chunk.start)
-        emit = (0, CENTRE[1]) if window.first_frame == 0 else CENTRE
+        emit = HEAD if window.first_frame == 0 else CENTRE
         return WalkCall("vocode", {"window": window, "emit": emit})
     last = view.kept.get("window")
     if last is not None:         # flush: the last window's frames after its centre
-        return WalkCall("vocode", {"window": last, "emit": (CENTRE[1], last.num_frames)})
+        return WalkCall("vocode", {"window": last, "emit": TAIL})
     window = Window.from_tokens(tokens, chunk.items, chunk.start)   # fewer than 4 frames in all
     if window.num_frames == 0:
         return None
@@ -245,19 +247,17 @@ class PendingPCM:
 class SnacDecoderExecutor(NodeExecutor):
     """Node `snac_decoder`: (window, emit) -> pcm, a `PendingPCM` (int16 samples).
 
-    Stateless. One SNAC forward per distinct window length in the batch (all full windows
-    share one); the emitted frames are cut out after decoding, converted as the
-    reference does (x * 32767, truncated toward zero)."""
+    Stateless. One SNAC forward per (window length, emitted frames) in the batch, decoding
+    only the emitted samples; converted as the reference does (x * 32767, truncated toward
+    zero)."""
 
-    def __init__(self, decoder: SnacDecoder, max_batch_size: int = 256, graphs: SnacGraphs | None = None,
-                 centre_graphs: SnacGraphs | None = None):
+    def __init__(self, decoder: SnacDecoder, max_batch_size: int = 256,
+                 graphs: dict[tuple[int, int], SnacGraphs] | None = None):
         self.decoder = decoder
-        self.graphs = graphs                  # full windows through CUDA graphs (see snac_graphs.py)
-        self.centre_graphs = centre_graphs    # full windows that emit their centre alone
+        # full windows through CUDA graphs (see snac_graphs.py), one set per emitted frame
+        # range (HEAD, CENTRE, TAIL), each decoding just those samples
+        self.graphs = graphs or {}
         self.frame_samples = samples_per_frame(decoder.config)
-        # Most windows emit only their centre frame: those decode just its samples (SnacDecoder's
-        # keep: the least input that determines them), ~half the work of the whole window
-        self.centre = (CENTRE[0] * self.frame_samples, CENTRE[1] * self.frame_samples)
         self.max_batch_size = max_batch_size
         self.device = next(decoder.parameters()).device
         # Its own CUDA stream: the codec's kernels run beside the backbone's look-ahead step
@@ -272,27 +272,25 @@ class SnacDecoderExecutor(NodeExecutor):
             return self._decode(calls)
 
     def _decode(self, calls: list[NodeCall]) -> list[dict[str, Any]]:
-        groups: dict[tuple[int, bool], list[int]] = defaultdict(list)   # (frames, centre only) -> calls
+        groups: dict[tuple[int, tuple[int, int]], list[int]] = defaultdict(list)   # (frames, emit) -> calls
         for index, call in enumerate(calls):
-            frames = call.inputs["window"].num_frames
-            groups[frames, frames == WINDOW_FRAMES and call.inputs["emit"] == CENTRE].append(index)
+            groups[call.inputs["window"].num_frames, call.inputs["emit"]].append(index)
         results: list[dict[str, Any]] = [{} for _ in calls]
-        for (frames, centre_only), rows in groups.items():
+        for (frames, emit), rows in groups.items():
             windows = [calls[i].inputs["window"] for i in rows]
             keys = noise_keys([calls[i].stream.params.seed for i in rows], [w.first_frame for w in windows])
-            keep = self.centre if centre_only else None
-            graphs = self.centre_graphs if centre_only else self.graphs
-            if graphs is not None and frames == graphs.frames:
+            # only the emitted samples are decoded (SnacDecoder's keep: the least input that
+            # determines them); a centre is ~half the work of its whole window
+            keep = (emit[0] * self.frame_samples, emit[1] * self.frame_samples)
+            graphs = self.graphs.get(emit) if frames == WINDOW_FRAMES else None
+            if graphs is not None:
                 audio = graphs.run(np.array([w.codes for w in windows]), keys)        # [rows, samples]
             else:
                 noise = SeededNoise(keys) if self.decoder.config.noise else None
                 audio = self.decoder(self._levels(windows), noise, keep)[:, 0]       # [rows, samples]
             pcm = self._to_host((audio * 32767).to(torch.int16))                  # one copy per group
-            offset = keep[0] if keep else 0   # sample 0 of a row is sample `offset` of its window
             for row, index in enumerate(rows):
-                first, end = calls[index].inputs["emit"]
-                results[index] = {"pcm": PendingPCM(pcm, row, first * self.frame_samples - offset,
-                                                    end * self.frame_samples - offset)}
+                results[index] = {"pcm": PendingPCM(pcm, row, 0, keep[1] - keep[0])}
         return results
 
     def _to_host(self, pcm: torch.Tensor) -> "HostPCM":
@@ -317,7 +315,7 @@ class OrpheusModel:
 
     def __init__(self, lm: torch.nn.Module, cache: PagedKVCache, snac: SnacDecoder, tokens: OrpheusTokens,
                  *, max_batch_size: int = 256, decode_graphs: DecodeGraphs | None = None,
-                 snac_graphs: tuple[SnacGraphs, SnacGraphs] | None = None,
+                 snac_graphs: dict[tuple[int, int], SnacGraphs] | None = None,
                  prefill_graphs: PrefillGraphs | None = None):
         self.lm = lm
         self.cache = cache
@@ -329,7 +327,7 @@ class OrpheusModel:
         self.executors = {
             BACKBONE.name: CausalLMExecutor(lm, cache, max_batch_size, decode_graphs, AudioCodeMask(tokens),
                                             prefill_graphs=prefill_graphs),
-            SNAC_DECODER.name: SnacDecoderExecutor(snac, max_batch_size, *(snac_graphs or (None, None))),
+            SNAC_DECODER.name: SnacDecoderExecutor(snac, max_batch_size, snac_graphs),
         }
 
     def plan(self, view: StreamView) -> WalkCall | None:
