@@ -172,8 +172,8 @@ class UpsampleBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, noise: NoiseSource | None, index: int, start: int = 0,
                 total: int | None = None) -> torch.Tensor:
-        """x: [B, in, T] -> [B, out, T * rate]; x may be a crop of the block's input starting
-        at step `start / rate`, `total` the full output length (the noise is positional)."""
+        """x: [B, in, T] -> [B, out, T * rate]. x may be a crop of the block's input: its
+        output then begins at output step `start` of `total` (the noise is positional)."""
         for layer in self.block:
             if isinstance(layer, NoiseInjection):
                 if noise is not None:

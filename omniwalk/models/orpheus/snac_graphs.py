@@ -15,8 +15,10 @@ the graph from the key buffers, so a window's samples do not depend on the path.
 On a CPU nothing is captured and `run` computes the same forward eagerly from the same
 buffers (how CI checks the path).
 
-Most full windows emit only their centre frame (see model.py): a second set of graphs
-decodes just that (`keep`), from the least input that determines it: about half the work.
+A set decodes only the samples in `keep` (SnacDecoder's keep: the least input that
+determines them). The executor holds one set per range a full window emits (model.py:
+a request's first window, its centre frames, the final flush); a centre is about half
+the work of a whole window.
 """
 
 from __future__ import annotations
