@@ -28,8 +28,9 @@ def zeros_forward(self, input_ids, positions, attention, *extra):
     return torch.zeros(input_ids.shape[0], self.config.hidden_size)
 
 
-def zeros_audio(self, codes, noise=None):
-    return torch.zeros(codes[-1].shape[0], 1, codes[-1].shape[1] * self.config.hop_length)
+def zeros_audio(self, codes, noise=None, keep=None):
+    samples = codes[-1].shape[1] * self.config.hop_length if keep is None else keep[1] - keep[0]
+    return torch.zeros(codes[-1].shape[0], 1, samples)
 
 
 def main():
