@@ -1,7 +1,8 @@
 """SNAC's transposed convolutions (snac_24khz's four upsampling shapes, 64 windows of 4
 frames, fp32 with TF32 as served): cuDNN's default algorithm vs cuDNN in benchmark mode
 (it times the algorithms on the first call) vs a TF32 GEMM + overlap-add; then the whole
-decoder's forward for 64 windows, benchmark mode off and on.
+decoder's forward for 64 windows, benchmark mode off and on, and decoding only the samples
+a window emits (a request's first window, a centre, the final flush).
 
     PYTHONPATH=. python benchmarks/scripts/snac_upsample.py      (on the GPU)
 """
@@ -60,3 +61,7 @@ with torch.inference_mode():
         with torch.backends.cudnn.flags(enabled=True, benchmark=benchmark, deterministic=False, allow_tf32=True):
             print(f"decoder forward, {WINDOWS} windows, cudnn.benchmark={benchmark}: "
                   f"{timed(lambda: decoder(codes), 20):.1f} us", flush=True)
+    # only the samples a window emits (SnacDecoder's keep): the first window, a centre, the final flush
+    for name, keep in (("first window", (0, 4096)), ("centre", (2048, 4096)), ("final flush", (4096, 8192))):
+        print(f"decoder forward, {WINDOWS} windows, {name} alone {keep}: "
+              f"{timed(lambda: decoder(codes, keep=keep), 20):.1f} us", flush=True)
