@@ -287,7 +287,8 @@ class SnacDecoderExecutor(NodeExecutor):
                 audio = graphs.run(np.array([w.codes for w in windows]), keys)        # [rows, samples]
             else:
                 noise = SeededNoise(keys) if self.decoder.config.noise else None
-                audio = self.decoder(self._levels(windows), noise, keep)[:, 0]       # [rows, samples]
+                whole = emit == (0, frames)   # a short request's only window: nothing to crop
+                audio = self.decoder(self._levels(windows), noise, None if whole else keep)[:, 0]
             pcm = self._to_host((audio * 32767).to(torch.int16))                  # one copy per group
             for row, index in enumerate(rows):
                 results[index] = {"pcm": PendingPCM(pcm, row, 0, keep[1] - keep[0])}
