@@ -41,8 +41,10 @@ from omniwalk.engine.cuda_graphs import DecodeGraphs, HostCopy
 from omniwalk.engine.host_to_device import to_device
 from omniwalk.engine.kv_cache import PagedKVCache
 from omniwalk.engine.prefill_graphs import PrefillGraphs
-from omniwalk.engine.sampler import RowSettings, Sampler
+from omniwalk.engine.sampler import RowSettings, Sampler, SamplerOutput, row_keys
+from omniwalk.engine.sampling_graphs import CandidateTable, SamplingGraphs
 from omniwalk.engine.seen_tokens import SeenTokens
+from omniwalk.layers.fused_ops import triton
 from omniwalk.runtime.executor import NodeCall, NodeExecutor
 
 logger = logging.getLogger(__name__)
@@ -95,9 +97,10 @@ class TokenLogprobs:
 # (logits [num_rows, vocab] float32 to set to -inf in place, the rows' calls, each row's
 # sampled ids so far) -> None. A model that may only emit some ids (Orpheus: the audio codes
 # of the next frame position) brings one; it runs before the sampler, after min_tokens.
-# It may also offer `candidates(calls, output_ids, device) -> (ids, allowed)`, both
-# [num_rows, C]: the only ids each row may sample (`allowed` False: not this time). Then the
-# sampler works on those C columns alone (same samples; rows asking for logprobs excepted).
+# It may also offer `candidate_table(device) -> CandidateTable` (sets of C ids) and
+# `candidate_rows(calls, output_ids) -> list[int]` (the set each row may sample from now).
+# Then the sampler works on those C columns alone (same samples; rows asking for logprobs
+# excepted), and a sampling graph can take the step (the set is a row index, not a mask).
 LogitsMask = Callable[[torch.Tensor, list[NodeCall], list[list[int]]], None]
 
 
@@ -120,6 +123,7 @@ class CausalLMExecutor(NodeExecutor):
         self.sequences: dict[int, SequenceState] = {}
         self.lookahead: _Lookahead | None = None
         self.seen_tokens: SeenTokens | None = None   # the repetition penalty's ids, on the device
+        self.sampling_graphs: SamplingGraphs | None = None   # the decode graphs' sampling, graphed
         self._batch_rows: _BatchRows | None = None   # the last sampled batch's fixed per-row values
         self.lookahead_used = 0     # counters for tests and the bench
         self.lookahead_dropped = 0
@@ -223,6 +227,9 @@ class CausalLMExecutor(NodeExecutor):
                 self.lookahead_used += 1
             else:
                 self.lookahead_dropped += 1
+        elif lookahead is not None:
+            # its staging buffers are written again now: let its copies from them finish
+            lookahead.host_copy.wait()
         to_sample, logits = (eager_done, []) if guessed is not None else (decode + eager_done, [])
         if decode and guessed is None:
             logits.append(self._decode_with_graph([calls[i] for i in decode], [sequences[i] for i in decode]))
@@ -232,7 +239,8 @@ class CausalLMExecutor(NodeExecutor):
             if local_done:
                 logits.append(eager_logits)
         sampled, device_tokens = ([], None) if not to_sample else self._sample(
-            [calls[i] for i in to_sample], logits[0] if len(logits) == 1 else torch.cat(logits))
+            [calls[i] for i in to_sample], logits[0] if len(logits) == 1 else torch.cat(logits),
+            from_decode_graph=not eager_done)
         if guessed is not None:
             sampled = [(token, None) for token in guessed[0]] + sampled
             device_tokens = guessed[1] if device_tokens is None else torch.cat([guessed[1], device_tokens])
@@ -290,7 +298,7 @@ class CausalLMExecutor(NodeExecutor):
         # Sampled as the real step would sample it: the histories, the sample indices and
         # the logits mask already count this step's tokens; the runtime's item counts
         # (min_tokens) do not yet, hence `ahead=1`.
-        guessed = self._sample_on_device(calls, logits, ahead=1).token_ids
+        guessed = self._sample_on_device(calls, logits, ahead=1, from_decode_graph=True).token_ids
         return _Lookahead(handles, positions, tokens, guessed, self.decode_graphs.copy_to_host(guessed))
 
     def _forward_eager(self, calls, sequences, done) -> torch.Tensor:
@@ -331,9 +339,9 @@ class CausalLMExecutor(NodeExecutor):
             row_slots=self._row_slots(handles),
         )
 
-    def _sample(self, calls: list[NodeCall], logits: torch.Tensor):
+    def _sample(self, calls: list[NodeCall], logits: torch.Tensor, from_decode_graph: bool = False):
         """(token, logprobs) per call, and the sampled ids still on the device."""
-        out = self._sample_on_device(calls, logits)
+        out = self._sample_on_device(calls, logits, from_decode_graph=from_decode_graph)
         token_ids = out.token_ids.tolist()   # the one device-to-host copy of the step (a sync)
         chosen = out.logprobs.tolist() if out.logprobs is not None else None
         top_ids = out.top_ids.tolist() if out.top_ids is not None else None
@@ -347,39 +355,59 @@ class CausalLMExecutor(NodeExecutor):
             results.append((token_ids[row], info))
         return results, out.token_ids
 
-    def _sample_on_device(self, calls: list[NodeCall], logits: torch.Tensor, ahead: int = 0):
-        """The sampler's output for each call's next item, nothing copied to the host.
+    def _sample_on_device(self, calls: list[NodeCall], logits: torch.Tensor, ahead: int = 0,
+                          from_decode_graph: bool = False) -> SamplerOutput:
+        """The sampler's output for each call's next item, nothing copied to the host
+        (`from_decode_graph`: the logits are the decode graph's output, which a sampling
+        graph may sample).
 
         `ahead`: items the runtime has not counted yet (1 for a look-ahead step)."""
         # logits: [num_rows, columns] float32; column j scores id first + j (a model may
         # narrow its LM head to the ids it samples: CausalLM.logit_ids)
         rows = self._rows_of(calls)
+        settings = rows.settings
         first, columns, vocab = 0, logits.shape[1], logits.shape[1]
         if (logit_ids := getattr(self.model, "logit_ids", None)) is not None:
             first, vocab = logit_ids.start, self.model.config.vocab_size
-        if rows.any_min_items:
-            for row, stream in enumerate(rows.streams):
-                stop = stream.params.stop
-                if stream.count + ahead < stop.min_items:   # no stop item before min_tokens (as HF/vLLM)
-                    banned = [t - first for t in stop.stopping_ids() if first <= t < first + columns]
-                    logits[row].index_fill_(0, to_device(banned, torch.long, logits.device), float("-inf"))
+        # no stop item before min_tokens (as HF/vLLM)
+        under_min = [row for row, stream in enumerate(rows.streams)
+                     if stream.count + ahead < stream.params.stop.min_items] if rows.any_min_items else []
+        mask = self.logits_mask
+        table = table_rows = None
+        if mask is not None and hasattr(mask, "candidate_table") and not settings.want_logprobs:
+            # sample over the allowed columns only: the same ids, a fraction of the work
+            table = mask.candidate_table(logits.device)
+            table = CandidateTable(table.ids, table.allowed, first)
+            table_rows = mask.candidate_rows(calls, rows.outputs)
+        seen = seen_rows = None
+        if settings.rep_rows:
+            if self.seen_tokens is None:
+                # a row per stream of a full batch: a sampling graph reads the mask where it
+                # was when captured, so growing it means capturing again
+                self.seen_tokens = SeenTokens(vocab, logits.device, capacity=self.max_batch_size)
+            seen_rows = self.seen_tokens.rows(rows.handles, rows.histories)   # first: it may grow the mask
+            seen = self.seen_tokens.mask
+        sample_indices = [len(ids) for ids in rows.outputs]
+        sampling_graphs = self._sampling_graphs() if from_decode_graph else None
+        if (sampling_graphs is not None and not under_min and not settings.want_logprobs and not settings.out_rows
+                and (mask is None or table is not None)):
+            ids = sampling_graphs.sample(logits, settings, row_keys(rows.seeds, sample_indices),
+                                         table, table_rows, seen, seen_rows)
+            if ids is not None:
+                return SamplerOutput(ids, None, None, None)
+
+        for row in under_min:
+            stop = rows.streams[row].params.stop
+            banned = [t - first for t in stop.stopping_ids() if first <= t < first + columns]
+            logits[row].index_fill_(0, to_device(banned, torch.long, logits.device), float("-inf"))
         candidates = None
-        if self.logits_mask is not None:   # the model's rule for what may be sampled at all
-            if hasattr(self.logits_mask, "candidates") and not rows.settings.want_logprobs:
-                # sample over the allowed columns only: the same ids, a fraction of the work
-                candidates, allowed = self.logits_mask.candidates(calls, rows.outputs, logits.device)
-                logits = logits.gather(1, candidates - first if first else candidates)
-                logits.masked_fill_(~allowed, float("-inf"))
-            elif columns == vocab:
-                self.logits_mask(logits, calls, rows.outputs)
+        if table is not None:
+            logits, candidates = table.columns_of(logits, to_device(table_rows, torch.long, logits.device))
+        elif mask is not None and columns == vocab:   # the model's rule for what may be sampled at all
+            mask(logits, calls, rows.outputs)
         if columns != vocab and candidates is None:
             raise ValueError(f"this model scores ids [{first}, {first + columns}) only: "
                              f"no logprobs over its {vocab}-id vocabulary")
-        seen = None
-        if rows.settings.rep_rows:
-            if self.seen_tokens is None:
-                self.seen_tokens = SeenTokens(vocab, logits.device)
-            seen = self.seen_tokens.gather(rows.handles, rows.histories)
         if rows.settings.out_rows:   # presence / frequency penalties count the output ids
             empty = np.empty(0, dtype=np.int64)
             prompts = [h.prompt if h is not None else empty for h in rows.histories]
@@ -387,10 +415,19 @@ class CausalLMExecutor(NodeExecutor):
         else:   # nothing reads the histories: the seen-id mask serves the repetition penalty
             prompts = outputs = rows.no_histories
         return self.sampler(
-            logits, rows.params, seeds=rows.seeds, sample_indices=[len(ids) for ids in rows.outputs],
-            prompt_token_ids=prompts, output_token_ids=outputs,
-            candidate_ids=candidates, vocab_size=vocab, seen=seen,
+            logits, rows.params, seeds=rows.seeds, sample_indices=sample_indices,
+            prompt_token_ids=prompts, output_token_ids=outputs, candidate_ids=candidates, vocab_size=vocab,
+            seen=seen.index_select(0, seen_rows) if seen is not None else None,
         )
+
+    def _sampling_graphs(self) -> SamplingGraphs | None:
+        """The sampling graphs of the current decode graphs (made on first use)."""
+        graphs = self.decode_graphs
+        if graphs is None or (graphs.on_cuda and triton is None):   # the graphed race is a Triton kernel
+            return None
+        if self.sampling_graphs is None or self.sampling_graphs.decode_graphs is not graphs:
+            self.sampling_graphs = SamplingGraphs(graphs)
+        return self.sampling_graphs
 
     def _rows_of(self, calls: list[NodeCall]) -> "_BatchRows":
         rows = self._batch_rows

@@ -9,7 +9,8 @@ page that no sequence owns:
     rows n .. B-1:  token 0, position 0, slot = scratch page, context 0   (results dropped)
 
 The graph covers the model forward and the LM head; sampling runs after it on the
-device, so one step costs one replay, the sampler's kernels and one copy to the host.
+device (most batches: one more replay, `omniwalk.engine.sampling_graphs`), so one step
+costs two replays and one copy to the host.
 
 A model with a per-sequence resource of fixed-size slots (`SlotResource`: a hybrid
 model's `StatePool`, Whisper's cross-attention cache) also gets each row's slots as an
@@ -56,11 +57,12 @@ class SlotResource(Protocol):
 
 
 def capture_per_bucket(device: torch.device, buckets: list, forward: Callable[[Any], torch.Tensor],
-                       warmups: int = 1, prepare: Callable[[Any], None] | None = None) -> dict:
+                       warmups: int = 1, prepare: Callable[[Any], None] | None = None, pool=None) -> dict:
     """One CUDA graph of `forward(bucket)` per bucket, largest first, all sharing one memory
-    pool (a smaller graph reuses the larger ones' memory). `prepare(bucket)` may fill input
-    buffers before a bucket's warm-up. Returns bucket -> (graph, its output)."""
-    graphs, pool = {}, None
+    pool (a smaller graph reuses the larger ones' memory; `pool`: an earlier capture's, to
+    share it too). `prepare(bucket)` may fill input buffers before a bucket's warm-up.
+    Returns bucket -> (graph, its output)."""
+    graphs = {}
     stream = torch.cuda.Stream(device)
     stream.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(stream):
@@ -161,6 +163,10 @@ class DecodeGraphs(BucketGraphs):
     def capture(self) -> None:
         self._capture()
 
+    def bucket_for(self, rows: int) -> int:
+        """The batch size whose graph a step of `rows` sequences replays."""
+        return next(b for b in self.buckets if b >= rows)
+
     def fits(self, batch: int, max_pages: int) -> bool:
         return batch <= self.max_batch_size and max_pages <= self.max_pages
 
@@ -173,7 +179,7 @@ class DecodeGraphs(BucketGraphs):
         is launched without the host ever seeing the tokens. `row_slots`: each row's
         slots in the slot resource (if any: `SlotResource.row_slots`)."""
         n = len(positions)
-        batch = next(b for b in self.buckets if b >= n)
+        batch = self.bucket_for(n)
         longs = self.host_longs.numpy()
         on_device = isinstance(input_ids, torch.Tensor)
         if not on_device:

@@ -46,7 +46,7 @@ from omniwalk.engine.host_to_device import to_device
 from omniwalk.engine.race_kernel import race_argmax
 from omniwalk.layers.fused_ops import use_triton
 
-__all__ = ["SamplingParams", "SamplerOutput", "Sampler", "MAX_LOGPROBS"]
+__all__ = ["SamplingParams", "SamplerOutput", "Sampler", "SamplingPlan", "RowValues", "sample_rows", "MAX_LOGPROBS"]
 
 MAX_LOGPROBS = 20
 
@@ -255,6 +255,146 @@ class RowSettings:
         return (len(params) == len(self.params) and self.device == device
                 and all(map(operator.is_, params, self.params)))
 
+    def plan(self, columns: int) -> "SamplingPlan":
+        """The stages these rows run over `columns` logits (penalties other than the
+        repetition penalty and logprobs are outside any plan: `Sampler` alone does them)."""
+        return SamplingPlan(repetition=bool(self.rep_rows), top_k=any(self.use_top_k(columns)),
+                            top_p=any(self.use_top_p), min_p=any(self.use_min_p),
+                            any_greedy=self.any_greedy, all_greedy=self.all_greedy)
+
+    def values(self, columns: int) -> dict[str, list]:
+        """Each row's value for every stage, neutral where the row does not use the stage
+        (`RowValues`' fields; the numbers `Sampler` uses for the same rows)."""
+        params, use_top_k = self.params, self.use_top_k(columns)
+        return {
+            "temperature": [1.0 if p.is_greedy else max(p.temperature, _MIN_TEMPERATURE) for p in params],
+            "top_k": [p.top_k if u else columns for p, u in zip(params, use_top_k)],
+            "top_k_active": use_top_k,
+            "top_p": [p.top_p if u else 1.0 for p, u in zip(params, self.use_top_p)],
+            "top_p_active": self.use_top_p,
+            "log_min_p": [math.log(p.min_p) if m else -math.inf for p, m in zip(params, self.use_min_p)],
+            "repetition_penalty": [p.repetition_penalty for p in params],
+            "greedy": self.greedy,
+        }
+
+
+@dataclass(frozen=True)
+class SamplingPlan:
+    """Which stages a batch's sampling runs; `sample_rows` runs them on every row, each
+    row with its own values (neutral where it does not use a stage)."""
+
+    repetition: bool
+    top_k: bool
+    top_p: bool
+    min_p: bool
+    any_greedy: bool
+    all_greedy: bool
+
+
+@dataclass
+class RowValues:
+    """Per-row stage values as [B, 1] tensors (the fields of `RowSettings.values`)."""
+
+    temperature: torch.Tensor          # float32
+    top_k: torch.Tensor                # int64, the column count where unused
+    top_k_active: torch.Tensor         # bool
+    top_p: torch.Tensor                # float32
+    top_p_active: torch.Tensor         # bool
+    log_min_p: torch.Tensor            # float32, -inf where unused
+    repetition_penalty: torch.Tensor   # float32
+    greedy: torch.Tensor               # bool
+
+    DTYPES = {"temperature": torch.float32, "top_k": torch.int64, "top_k_active": torch.bool,
+              "top_p": torch.float32, "top_p_active": torch.bool, "log_min_p": torch.float32,
+              "repetition_penalty": torch.float32, "greedy": torch.bool}
+
+def sample_rows(x: torch.Tensor, plan: SamplingPlan, values: RowValues, low: torch.Tensor, high: torch.Tensor,
+                candidate_ids: torch.Tensor | None = None, seen: torch.Tensor | None = None) -> torch.Tensor:
+    """`Sampler`'s ids for every row of `x` [B, C] float32 (a logits mask already applied),
+    all rows through every stage of `plan`: no subsets, no host work, no host sync on CUDA,
+    so a CUDA graph can hold it (`omniwalk.engine.sampling_graphs`). Each stage is the
+    function `Sampler` calls, row by row the same values: the same ids.
+
+    `low`, `high` [B]: the halves of each row's key (`row_keys`); `candidate_ids` [B, C]:
+    the vocabulary id of each column, if not the column itself; `seen` [B, C] bool: the
+    ids each row has seen (read when `plan.repetition`)."""
+    if plan.repetition:
+        x = penalize_repetition(x, seen, values.repetition_penalty)
+    won = x.argmax(dim=-1) if plan.any_greedy else None
+    if not plan.all_greedy:
+        scaled = x / values.temperature
+        if plan.top_k or plan.top_p:
+            scaled = filter_top_k_top_p(scaled, values.top_k if plan.top_k else None, values.top_k_active,
+                                        values.top_p if plan.top_p else None, values.top_p_active)
+        if plan.min_p:
+            scaled = filter_min_p(scaled, values.log_min_p)
+        raced = race(scaled, low, high, candidate_ids)
+        won = raced if won is None else torch.where(values.greedy.squeeze(1), won, raced)
+    return won if candidate_ids is None else candidate_ids.gather(1, won.unsqueeze(1)).squeeze(1)
+
+
+# ----------------------------------------------------------------------------- stages
+
+
+def penalize_repetition(x: torch.Tensor, seen: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:
+    """HF's repetition penalty on the seen ids: a logit below 0 times `penalty`, else divided."""
+    return torch.where(seen, torch.where(x < 0, x * penalty, x / penalty), x)
+
+
+def filter_top_k_top_p(scaled: torch.Tensor, k: torch.Tensor | None, k_active: torch.Tensor,
+                       top_p: torch.Tensor | None, p_active: torch.Tensor) -> torch.Tensor:
+    """`scaled` with the ids outside each active row's top-k / nucleus at -inf (k or top_p
+    None: that filter is off for every row). One stable descending sort serves both; an
+    inactive row keeps everything, so its values do not depend on its batch-mates."""
+    sorted_vals, sorted_idx = torch.sort(scaled, dim=-1, descending=True, stable=True)
+    keep = torch.ones_like(sorted_vals, dtype=torch.bool)
+    if k is not None:
+        kth = sorted_vals.gather(1, k - 1)
+        keep = keep & ((sorted_vals >= kth) | ~k_active)   # HF semantics: ties with the k-th value are kept
+    if top_p is not None:
+        probs = torch.softmax(sorted_vals.masked_fill(~keep, -math.inf), dim=-1)
+        cum = probs.cumsum(dim=-1)
+        exclusive = F.pad(cum[:, :-1], (1, 0))  # mass strictly before each token
+        # keep a token while the mass before it is below top_p (the first always)
+        keep = keep & ((exclusive < top_p) | ~p_active)
+    keep_orig = torch.empty_like(keep).scatter_(1, sorted_idx, keep)
+    return scaled.masked_fill(~keep_orig, -math.inf)
+
+
+def filter_min_p(scaled: torch.Tensor, log_min_p: torch.Tensor) -> torch.Tensor:
+    # p_i < min_p * p_max  <=>  l_i < l_max + log(min_p)   (l: scaled logits)
+    row_max = scaled.amax(dim=-1, keepdim=True)
+    return scaled.masked_fill(scaled < row_max + log_min_p, -math.inf)
+
+
+def race(scaled: torch.Tensor, low: torch.Tensor, high: torch.Tensor,
+         token_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """argmax(softmax(scaled) / E) with E ~ Exp(1) from the counter-based hash of (row key,
+    token id): the winning column. Column t is token t, or `token_ids[row, t]` (what is hashed).
+
+    Only finite entries can win, and each entry's noise depends on (key, token id)
+    alone, so when filtering (top-p, top-k, a logits mask) left few candidates the torch
+    version races those only: the same winner, without hashing the whole [rows, vocab]
+    matrix (40 million entries at 256 rows of a 157k vocabulary)."""
+    if use_triton(scaled):   # one kernel, no host sync (omniwalk.engine.race_kernel)
+        return race_argmax(scaled, low, high, token_ids)
+    rows_count, vocab = scaled.shape
+    finite = torch.isfinite(scaled)
+    if int(finite.sum()) * 4 > rows_count * vocab:   # dense: most entries are candidates
+        tokens = token_ids if token_ids is not None else torch.arange(vocab, device=scaled.device).unsqueeze(0)
+        u = _uniform(tokens, low.unsqueeze(1), high.unsqueeze(1))
+        return (scaled.to(torch.float64) - torch.log(-torch.log(u))).argmax(dim=-1)
+    rows, cols = finite.nonzero(as_tuple=True)
+    u = _uniform(cols if token_ids is None else token_ids[rows, cols], low[rows], high[rows])
+    score = scaled[rows, cols].to(torch.float64) - torch.log(-torch.log(u))
+    best = torch.full((rows_count,), -math.inf, dtype=torch.float64, device=scaled.device)
+    best = best.scatter_reduce(0, rows, score, "amax")
+    is_best = score == best[rows]
+    # ties go to the lowest token id, as argmax does; a row with no finite entry gets 0
+    winner = torch.full((rows_count,), vocab, dtype=torch.int64, device=scaled.device)
+    winner = winner.scatter_reduce(0, rows[is_best], cols[is_best], "amin")
+    return torch.where(winner == vocab, torch.zeros_like(winner), winner)
+
 
 class Sampler:
     """No state but a cache of recent batches' `RowSettings`; see the module docstring for
@@ -370,25 +510,20 @@ class Sampler:
 
         # Greedy rows ride along with neutral settings (T=1, nothing masked); their
         # values are restored at the end.
-        temps = rows.tensor("temperature", lambda: [1.0 if p.is_greedy else max(p.temperature, _MIN_TEMPERATURE)
-                                                    for p in params], torch.float32)
+        temps = rows.tensor("temperature", lambda: rows.values(x.shape[1])["temperature"], torch.float32)
         scaled = x / temps
 
         use_top_k, use_top_p, use_min_p = rows.use_top_k(x.shape[1]), rows.use_top_p, rows.use_min_p
         sort_rows = [i for i in range(len(params)) if use_top_k[i] or use_top_p[i]]
         if len(sort_rows) == len(params):
-            scaled = self._top_k_top_p(scaled, rows, use_top_k)
+            scaled = self._top_k_top_p(scaled, rows)
         elif sort_rows:  # sort only the rows that need it
             idx = to_device(sort_rows, dtype=torch.int64, device=x.device)
             sub_rows = self.rows_for([params[i] for i in sort_rows], x.device)
-            sub = self._top_k_top_p(scaled.index_select(0, idx), sub_rows, [use_top_k[i] for i in sort_rows])
-            scaled = scaled.index_copy(0, idx, sub)
+            scaled = scaled.index_copy(0, idx, self._top_k_top_p(scaled.index_select(0, idx), sub_rows))
         if any(use_min_p):
-            # p_i < min_p * p_max  <=>  l_i < l_max + log(min_p)   (l: scaled logits)
-            log_min_p = rows.tensor("log_min_p", lambda: [math.log(p.min_p) if m else -math.inf
-                                                          for p, m in zip(params, use_min_p)], torch.float32)
-            row_max = scaled.amax(dim=-1, keepdim=True)
-            scaled = scaled.masked_fill(scaled < row_max + log_min_p, -math.inf)
+            scaled = filter_min_p(scaled, rows.tensor("log_min_p", lambda: rows.values(x.shape[1])["log_min_p"],
+                                                      torch.float32))
 
         if rows.any_greedy:
             greedy_mask = rows.tensor("greedy", lambda: rows.greedy, torch.bool)
@@ -432,8 +567,7 @@ class Sampler:
                 seen.view(-1).index_fill_(0, r * vocab + t, True)   # `seen[r, t] = True` would sync
             seen = columns(seen)
             penalty = rows.tensor("repetition_penalty", lambda: [p.repetition_penalty for p in params], torch.float32)
-            penalized = torch.where(x < 0, x * penalty, x / penalty)
-            x = torch.where(seen, penalized, x)
+            x = penalize_repetition(x, seen, penalty)
 
         out_rows = rows.out_rows
         if out_rows:
@@ -448,70 +582,22 @@ class Sampler:
         return x
 
     @staticmethod
-    def _top_k_top_p(scaled: torch.Tensor, rows: RowSettings, use_top_k: list[bool]) -> torch.Tensor:
-        params, use_top_p = rows.params, rows.use_top_p
-        vocab = scaled.shape[1]
-        # One stable descending sort serves both filters; rows that use neither are
-        # forced to keep everything, so their values do not depend on batch-mates.
-        sorted_vals, sorted_idx = torch.sort(scaled, dim=-1, descending=True, stable=True)
-        keep = torch.ones_like(sorted_vals, dtype=torch.bool)
-
-        if any(use_top_k):
-            k = rows.tensor(f"top_k/{vocab}", lambda: [p.top_k if u else vocab for p, u in zip(params, use_top_k)],
-                            torch.int64)
-            kth = sorted_vals.gather(1, k - 1)
-            active = rows.tensor(f"use_top_k/{vocab}", lambda: use_top_k, torch.bool)
-            # HF semantics: ties with the k-th value are kept
-            keep = keep & ((sorted_vals >= kth) | ~active)
-
-        if any(use_top_p):
-            top_p = rows.tensor("top_p", lambda: [p.top_p if u else 1.0 for p, u in zip(params, use_top_p)],
-                                torch.float32)
-            probs = torch.softmax(sorted_vals.masked_fill(~keep, -math.inf), dim=-1)
-            cum = probs.cumsum(dim=-1)
-            exclusive = F.pad(cum[:, :-1], (1, 0))  # mass strictly before each token
-            active = rows.tensor("use_top_p", lambda: use_top_p, torch.bool)
-            # keep a token while the mass before it is below top_p (the first always)
-            keep = keep & ((exclusive < top_p) | ~active)
-
-        keep_orig = torch.empty_like(keep).scatter_(1, sorted_idx, keep)
-        return scaled.masked_fill(~keep_orig, -math.inf)
+    def _top_k_top_p(scaled: torch.Tensor, rows: RowSettings) -> torch.Tensor:
+        columns = scaled.shape[1]
+        use_top_k, values = rows.use_top_k(columns), lambda: rows.values(columns)
+        k = rows.tensor(f"top_k/{columns}", lambda: values()["top_k"], torch.int64) if any(use_top_k) else None
+        k_active = rows.tensor(f"use_top_k/{columns}", lambda: use_top_k, torch.bool)
+        top_p = rows.tensor("top_p", lambda: values()["top_p"], torch.float32) if any(rows.use_top_p) else None
+        p_active = rows.tensor("use_top_p", lambda: rows.use_top_p, torch.bool)
+        return filter_top_k_top_p(scaled, k, k_active, top_p, p_active)
 
     # ------------------------------------------------------------------ the race
 
     @staticmethod
     def _race(scaled: torch.Tensor, seeds: list[int], sample_indices: list[int],
               token_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """argmax(softmax(scaled) / E) with E ~ Exp(1) from the counter-based hash; the
-        winning column. Column t is token t, or `token_ids[row, t]` (what is hashed).
-
-        Only finite entries can win, and each entry's noise depends on (key, token id)
-        alone, so when filtering (top-p, top-k, a logits mask) left few candidates the
-        race is run over those only: the same winner, without hashing the whole
-        [rows, vocab] matrix (40 million entries at 256 rows of a 157k vocabulary)."""
-        keys = row_keys(seeds, sample_indices)
-        if use_triton(scaled):   # one kernel, no host sync (omniwalk.engine.race_kernel)
-            return race_argmax(scaled, *_key_halves(keys, scaled.device), token_ids)
-        rows_count, vocab = scaled.shape
-        finite = torch.isfinite(scaled)
-        if int(finite.sum()) * 4 > rows_count * vocab:   # dense: most entries are candidates
-            if token_ids is None:
-                u = hash_uniform(keys, vocab, scaled.device)
-            else:
-                low, high = _key_halves(keys, scaled.device)
-                u = _uniform(token_ids, low.unsqueeze(1), high.unsqueeze(1))
-            return (scaled.to(torch.float64) - torch.log(-torch.log(u))).argmax(dim=-1)
-        rows, cols = finite.nonzero(as_tuple=True)
-        low, high = _key_halves(keys, scaled.device)
-        u = _uniform(cols if token_ids is None else token_ids[rows, cols], low[rows], high[rows])
-        score = scaled[rows, cols].to(torch.float64) - torch.log(-torch.log(u))
-        best = torch.full((rows_count,), -math.inf, dtype=torch.float64, device=scaled.device)
-        best = best.scatter_reduce(0, rows, score, "amax")
-        is_best = score == best[rows]
-        # ties go to the lowest token id, as argmax does; a row with no finite entry gets 0
-        winner = torch.full((rows_count,), vocab, dtype=torch.int64, device=scaled.device)
-        winner = winner.scatter_reduce(0, rows[is_best], cols[is_best], "amin")
-        return torch.where(winner == vocab, torch.zeros_like(winner), winner)
+        """`race` with each row's key from its (seed, sample index)."""
+        return race(scaled, *_key_halves(row_keys(seeds, sample_indices), scaled.device), token_ids)
 
     # ------------------------------------------------------------------ checks
 

@@ -44,12 +44,17 @@ class SeenTokens:
             self._pending_rows.append(row)
             self._pending_ids.append(token)
 
-    @torch.inference_mode()   # the mask is an inference tensor: every update runs in the mode
     def gather(self, handles: list[int], histories: list) -> torch.Tensor:
         """[len(handles), vocab] bool: each row's seen ids (`histories[i]`: its
-        `TokenHistory`, or None for a row without penalties, which reads the empty row).
-        Called again with the same `handles` list object (and the same histories), the rows
-        are not looked up again: pass a new list when the batch changes."""
+        `TokenHistory`, or None for a row without penalties, which reads the empty row)."""
+        rows = self.rows(handles, histories)   # first: it may grow the mask
+        return self.mask.index_select(0, rows)
+
+    @torch.inference_mode()   # the mask is an inference tensor: every update runs in the mode
+    def rows(self, handles: list[int], histories: list) -> torch.Tensor:
+        """[len(handles)] int64 on the device: each handle's row of `mask`, every queued id
+        written. Called again with the same `handles` list object (and the same
+        histories), the rows are not looked up again: pass a new list when the batch changes."""
         if handles is not self._rows_of_handles:   # a batch keeps its handles list while its rows stay
             rows = []
             for handle, history in zip(handles, histories):
@@ -58,7 +63,7 @@ class SeenTokens:
                 rows.append(self.row_of.get(handle, 0) if history is not None else 0)
             self._rows_of_handles, self._rows = handles, to_device(rows, torch.long, self.mask.device)
         self._flush()
-        return self.mask.index_select(0, self._rows)
+        return self._rows
 
     @torch.inference_mode()
     def free(self, handle: int) -> None:

@@ -130,6 +130,23 @@ def test_lookahead_samples_like_the_real_step(model):
     assert executor.lookahead_used > 0
 
 
+@pytest.mark.parametrize("model", ["tiny-qwen3", "tiny-qwen3_5"])
+def test_sampling_graphs_sample_like_the_sampler(model):
+    """Decode-graph steps whose sampling a sampling graph takes (run eagerly on a CPU):
+    greedy and sampled rows mixed, top-k, top-p, min-p, the repetition penalty; the ids
+    equal an engine's without decode graphs."""
+    sampling = [SamplingParams(temperature=0.9, top_k=40, top_p=0.9, repetition_penalty=1.3, seed=1),
+                SamplingParams(temperature=1.2, seed=2),
+                SamplingParams(temperature=0.7, min_p=0.05, seed=3),
+                SamplingParams(temperature=0.0, repetition_penalty=1.2)]
+    batch = [GenerationRequest(prompt=p, max_tokens=20 + i, sampling=s, ignore_eos=True)
+             for i, (p, s) in enumerate(zip(PROMPTS, sampling))]
+    plain, _ = outputs(model, False, batch)
+    ahead, executor = outputs(model, True, batch)
+    assert ahead == plain
+    assert executor.sampling_graphs.steps_sampled >= 20
+
+
 def test_lookahead_with_a_logits_mask_speech():
     """Orpheus: the audio-code mask (frame position = codes so far mod 7) and its default
     sampling (temperature, top_p, repetition penalty) in the guessed step."""
@@ -145,6 +162,7 @@ def test_lookahead_with_a_logits_mask_speech():
     ahead, executor = speak(True)
     assert ahead == plain
     assert executor.lookahead_used > 0
+    assert executor.sampling_graphs.steps_sampled > 0   # the candidate table in a sampling graph
 
 
 @pytest.mark.parametrize("model", ["tiny-qwen3", "tiny-qwen3_5"])

@@ -47,6 +47,31 @@ def test_cuda_graph_ids_equal_eager(checkpoint):
     assert runs[False] == runs[True]
 
 
+def test_sampling_graphs_ids_equal_eager_sampling(checkpoint):
+    """Sampled rows (temperature, top-k, top-p, min-p, repetition penalty; greedy rows
+    mixed in) sampled by captured sampling graphs, padded rows included (6 rows in the
+    bucket of 8): the same ids as the eager engine's sampler."""
+    folder, _ = checkpoint
+    sampling = [SamplingParams(temperature=0.9, top_k=40, top_p=0.9, repetition_penalty=1.3, seed=1),
+                SamplingParams(temperature=1.2, seed=2),
+                SamplingParams(temperature=0.7, min_p=0.05, seed=3),
+                SamplingParams(temperature=0.0, repetition_penalty=1.2),
+                SamplingParams(temperature=0.6, top_p=0.5, seed=5),
+                SamplingParams(temperature=0.0)]
+    batch = [GenerationRequest(prompt=p, max_tokens=40, sampling=s, ignore_eos=True)
+             for p, s in zip(PROMPTS * 2, sampling)]
+    runs = {}
+    for eager in (False, True):
+        with Engine(EngineArgs(str(folder), device="cuda", dtype="float32", enforce_eager=eager, kv_cache_tokens=65536,
+                               max_num_seqs=8)) as engine:
+            runs[eager] = [r.token_ids for r in engine.generate(batch)]
+            if not eager:
+                graphs = engine.model.executors["backbone"].sampling_graphs
+                assert graphs.steps_sampled >= 30
+                assert graphs.graphs and all(found is not None for found in graphs.graphs.values())
+    assert runs[False] == runs[True]
+
+
 def test_bf16_greedy_equals_hf_bf16_generate(checkpoint):
     """Equal ids for 32 tokens, except where HF's own bf16 logits tie.
 

@@ -53,6 +53,7 @@ from omniwalk.engine.host_to_device import to_device
 from omniwalk.engine.kv_cache import PagedKVCache
 from omniwalk.engine.prefill_graphs import PrefillGraphs
 from omniwalk.engine.sampler import row_key, row_keys
+from omniwalk.engine.sampling_graphs import CandidateTable
 from omniwalk.graph import (
     BudgetSpec, Keep, Loop, ModelGraph, Node, Sequential, SlidingWindow, StreamEdge, StreamSpec, StreamView,
     ToClient, ToStream, Walk, WalkCall,
@@ -161,11 +162,12 @@ class AudioCodeMask:
 
     def __init__(self, tokens: OrpheusTokens):
         self.tokens = tokens
-        self._tables: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._tables: dict[torch.device, CandidateTable] = {}
 
-    def _table(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """Row `position + 7 * may_stop`: the candidates (end_of_speech, then the codebook
-        of that frame position) and which of them may be sampled; made once per device."""
+    def candidate_table(self, device: torch.device) -> CandidateTable:
+        """Row `position + 7 * may_stop`: end_of_speech, then the codebook of that frame
+        position (ascending ids), and which of them may be sampled; made once per device."""
+        device = torch.device(device)
         found = self._tables.get(device)
         if found is None:
             size = self.tokens.codebook_size
@@ -174,17 +176,13 @@ class AudioCodeMask:
             ids = torch.cat([torch.full((2 * CODES_PER_FRAME, 1), self.tokens.end_of_speech), codes], dim=1)
             allowed = torch.ones(ids.shape, dtype=torch.bool)
             allowed[:CODES_PER_FRAME, 0] = False
-            found = self._tables[device] = (ids.to(device), allowed.to(device))
+            found = self._tables[device] = CandidateTable(ids.to(device), allowed.to(device))
         return found
 
-    def candidates(self, calls: list[NodeCall], output_ids: list[list[int]],
-                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per row: end_of_speech, then the codebook of the next frame position (ascending
-        ids), and which of them may be sampled now ([rows, 1 + codebook_size] each)."""
-        ids, allowed = self._table(torch.device(device))
-        index = to_device([len(out) % CODES_PER_FRAME + (0 if call.stream.params.stop.ignore_eos else CODES_PER_FRAME)
-                           for call, out in zip(calls, output_ids)], torch.long, device)
-        return ids.index_select(0, index), allowed.index_select(0, index)
+    def candidate_rows(self, calls: list[NodeCall], output_ids: list[list[int]]) -> list[int]:
+        """Each row's row of `candidate_table`: its next frame position, + 7 if it may stop."""
+        return [len(out) % CODES_PER_FRAME + (0 if call.stream.params.stop.ignore_eos else CODES_PER_FRAME)
+                for call, out in zip(calls, output_ids)]
 
     def __call__(self, logits: torch.Tensor, calls: list[NodeCall], output_ids: list[list[int]]) -> None:
         device, size = logits.device, self.tokens.codebook_size
