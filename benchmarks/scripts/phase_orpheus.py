@@ -11,10 +11,12 @@ from omniwalk.models.orpheus.speech import SpeechRequest
 from phase_timers import acc, timed
 for n in ("_advance_dirty", "_form_batch", "_run_batch"): timed(rtmod.Runtime, n)
 for n in ("run", "_forward_eager", "_decode_with_graph", "_sample", "_launch_lookahead"): timed(ex.CausalLMExecutor, n)
-timed(cg.DecodeGraphs, "run"); timed(sm.Sampler, "__call__"); timed(om.SnacDecoderExecutor, "run"); timed(om.AudioCodeMask, "candidates")
+timed(cg.DecodeGraphs, "run"); timed(sm.Sampler, "__call__"); timed(om.SnacDecoderExecutor, "run"); timed(om.AudioCodeMask, "candidate_rows")
 from omniwalk.engine import seen_tokens as st, kv_cache as kc
 timed(ex.CausalLMExecutor, "_sample_on_device"); timed(st.SeenTokens, "gather"); timed(kc.PagedKVCache, "reserve")
 timed(cg.HostCopy, "wait"); timed(cg.DecodeGraphs, "copy_to_host"); timed(sm.Sampler, "process_logits")
+from omniwalk.engine import sampling_graphs as sg
+timed(sg.SamplingGraphs, "sample")
 import os
 cuda = torch.cuda.is_available()
 sync = torch.cuda.synchronize if cuda else (lambda: None)
