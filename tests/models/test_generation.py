@@ -166,6 +166,14 @@ def test_bad_inputs_are_value_errors(engine):
     assert engine.generate(["hi"], max_tokens=2)[0].finish_reason in ("length", "stop")
 
 
+@pytest.mark.parametrize("text", ["The quick brown fox.", "naïve café, 日本語, 🙂 and\ttabs\n  ",
+                                  "<|im_start|>user\nhi<|im_end|>", " leading space", ""])
+def test_engine_encode_is_the_tokenizers_encode(engine, text):
+    """The engine calls a fast tokenizer's backend directly: the same ids as transformers'
+    encode with special tokens (BOS where the tokenizer adds one)."""
+    assert engine.encode(text) == engine.tokenizer.encode(text, add_special_tokens=True)
+
+
 def test_submit_after_shutdown_is_refused():
     engine = Engine(EngineArgs("tiny-qwen3"))
     engine.shutdown()

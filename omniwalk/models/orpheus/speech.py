@@ -137,7 +137,7 @@ class SpeechOutputProcessor:
 def speech_prompt(engine, request: SpeechRequest) -> list[int]:
     """Framed prompt ids: [start_of_human] bos "voice: text" [eot end_of_human start_of_ai start_of_speech]."""
     text = f"{request.voice}: {request.input}" if request.voice else request.input
-    return engine.model.tokens.prompt_ids(engine.tokenizer.encode(text, add_special_tokens=True))
+    return engine.model.tokens.prompt_ids(engine.encode(text, "the input"))
 
 
 def submit_speech(engine, request: SpeechRequest, loop: asyncio.AbstractEventLoop | None = None,
