@@ -6,9 +6,9 @@ step. At short contexts a decode step is host-bound (every request's first ~28 s
 256 speech streams: its time to first audio), so that time is the step's. Here
 `sample_rows` over the decode graph's static logits is captured once per
 
-    (batch bucket, SamplingPlan, column count, candidate table, seen-id mask)
+    (SamplingPlan, column count, candidate table, seen-id mask) x batch bucket
 
-on first use, and a step costs one replay after the decode graph's:
+(every bucket at the plan's first step), and a step costs one replay after the decode graph's:
 
     per batch (when its rows change):  each row's values (temperature, top-k, top-p, min-p,
                                         repetition penalty, greedy), neutral in padded rows;
@@ -75,9 +75,9 @@ class SamplingGraphs:
         self.host_rows = torch.zeros(_TABLE_ROW + 1, size, dtype=torch.float64, pin_memory=self.on_cuda)
         self.rows = torch.zeros(_TABLE_ROW + 1, size, dtype=torch.float64, device=self.device)
         self.seen_rows = torch.zeros(size, dtype=torch.long, device=self.device)
-        self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.graphs: dict[tuple, dict | None] = {}   # plan's key -> bucket -> (graph, output)
         self._pool = None
-        self._values_for: tuple | None = None    # (RowSettings, columns, bucket) in the staging rows
+        self._values_for: tuple | None = None    # (RowSettings, columns) in the staging rows
         self._seen_rows_for: torch.Tensor | None = None
         self.steps_sampled = 0   # for tests and the bench
 
@@ -96,34 +96,35 @@ class SamplingGraphs:
         sampled_columns = table.ids.shape[1] if table is not None else columns
         plan = settings.plan(sampled_columns)
         host = self.host_rows.numpy()
-        if self._values_for != (settings, sampled_columns, bucket):
+        # rows past n hold neutral values, not a bigger batch's: any bucket's graph (a capture
+        # warms every bucket up) reads valid values and indices
+        if self._values_for != (settings, sampled_columns):
             for name, values in settings.values(sampled_columns).items():
                 host[_ROW_OF[name], :n] = values
-                host[_ROW_OF[name], n:bucket] = _NEUTRAL.get(name, sampled_columns)
-            self._values_for = (settings, sampled_columns, bucket)
+                host[_ROW_OF[name], n:] = _NEUTRAL.get(name, sampled_columns)
+            self._values_for = (settings, sampled_columns)
         keys = np.asarray(keys, dtype=np.uint64)
         host[_KEY_LOW, :n] = keys & np.uint64(0xFFFFFFFF)
         host[_KEY_HIGH, :n] = keys >> np.uint64(32)
         host[_TABLE_ROW, :n] = table_rows if table is not None else 0
-        host[_KEY_LOW:, n:bucket] = 0
+        host[_KEY_LOW:, n:] = 0
         # the whole buffer (a few KiB) in one copy; the bucket reads its first columns
         self.rows.copy_(self.host_rows, non_blocking=self.on_cuda)
         if plan.repetition and seen_rows is not self._seen_rows_for:
             self.seen_rows[:n].copy_(seen_rows)
-            self.seen_rows[n:bucket].zero_()   # the empty row
+            self.seen_rows[n:].zero_()   # the empty row
             self._seen_rows_for = seen_rows
         if not self.on_cuda:   # nothing captured: the same function, eagerly, on the n rows
             return self._sample(n, plan, logits, table, seen)
-        _, static_logits = self.decode_graphs.graphs[bucket]
-        if logits.data_ptr() != static_logits.data_ptr():
+        if logits.data_ptr() != self.decode_graphs.graphs[bucket][1].data_ptr():
             raise ValueError("sampling graphs read a decode graph's output: these logits are not one")
-        key = (bucket, plan, columns, table.ids.data_ptr() if table is not None else None,
+        key = (plan, columns, table.ids.data_ptr() if table is not None else None,
                seen.data_ptr() if plan.repetition else None)
         if key not in self.graphs:
-            self.graphs[key] = self._capture(bucket, plan, static_logits, table, seen)
+            self.graphs[key] = self._capture(plan, table, seen)
         if self.graphs[key] is None:
             return None
-        graph, output = self.graphs[key]
+        graph, output = self.graphs[key][bucket]
         graph.replay()
         # a copy: the next replay of any of these graphs (one memory pool) may reuse the output's memory
         return output[:n].clone()
@@ -145,18 +146,18 @@ class SamplingGraphs:
         return sample_rows(logits, plan, values, staged[_KEY_LOW].to(torch.long), staged[_KEY_HIGH].to(torch.long),
                            candidate_ids, seen_columns)
 
-    def _capture(self, bucket: int, plan: SamplingPlan, logits: torch.Tensor, table: CandidateTable | None,
-                 seen: torch.Tensor | None):
+    def _capture(self, plan: SamplingPlan, table: CandidateTable | None, seen: torch.Tensor | None) -> dict | None:
+        """Every bucket's graph of this plan, at its first step: one pause (each capture
+        synchronizes and empties the allocator's cache), not one whenever a batch size is new."""
         started = time.perf_counter()
+        decode = self.decode_graphs
         try:
-            captured = capture_per_bucket(self.device, [bucket], lambda b: self._sample(b, plan, logits, table, seen),
-                                          pool=self._pool)
+            graphs = capture_per_bucket(self.device, decode.buckets,
+                                        lambda b: self._sample(b, plan, decode.graphs[b][1], table, seen), pool=self._pool)
         except Exception:   # eager sampling does the same work, with more launches
-            logger.exception("could not capture a sampling graph (%d rows, %s); those steps sample eagerly",
-                             bucket, plan)
+            logger.exception("could not capture the sampling graphs of %s; those steps sample eagerly", plan)
             return None
-        logger.debug("captured a sampling graph (%d rows, %s) in %.1f ms", bucket, plan,
-                     (time.perf_counter() - started) * 1e3)
-        graph, output = captured[bucket]
-        self._pool = graph.pool()
-        return graph, output
+        self._pool = graphs[decode.buckets[0]][0].pool()
+        logger.info("captured sampling graphs (%s) for batch sizes %s in %.2f s", plan, decode.buckets,
+                    time.perf_counter() - started)
+        return graphs
