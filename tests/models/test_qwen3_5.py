@@ -495,11 +495,11 @@ def test_a_step_that_fails_after_its_forward_is_retried_from_the_committed_state
     calls = {"count": 0}
     original = HybridLMExecutor._sample
 
-    def flaky_sample(self, calls_, logits):
+    def flaky_sample(self, calls_, logits, **options):
         calls["count"] += 1
         if calls["count"] == 4:       # a decode step of the three requests together
             raise RuntimeError("injected")
-        return original(self, calls_, logits)
+        return original(self, calls_, logits, **options)
 
     monkeypatch.setattr(HybridLMExecutor, "_sample", flaky_sample)
     got = outputs()
