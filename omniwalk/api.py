@@ -255,6 +255,7 @@ class Engine:
         self.loop_error: BaseException | None = None
         self.last_heartbeat = time.monotonic()
         self.steps = 0
+        self._submitted = 0   # requests submitted so far (the loop's burst gathering watches it)
         # What exists now (model, tokenizer, imported modules: ~10^5 objects) lives as long
         # as the engine. Frozen, it is not scanned again by the oldest-generation collections
         # that the per-step garbage sets off: each costs milliseconds, every few dozen steps
@@ -365,6 +366,7 @@ class Engine:
                 raise QueueFullError(f"server full: {len(self._in_flight)} requests in flight")
             self._in_flight[request.request_id] = (processor, stream)
         self._commands.put(("add", request))
+        self._submitted += 1
         self._wakeup.set()
         return stream
 
@@ -424,8 +426,10 @@ class Engine:
                 self.last_heartbeat = time.monotonic()
                 self._take_commands()
                 if not self.runtime.has_unfinished:
-                    self._wakeup.wait(timeout=0.5)
+                    woken = self._wakeup.wait(timeout=0.5)
                     self._wakeup.clear()
+                    if woken:
+                        self._gather_burst()
                     continue
                 outputs = self.runtime.step()
                 if outputs:
@@ -437,6 +441,27 @@ class Engine:
             self._outputs.put([RequestOutput(request_id, finished=True, finish_reason=FinishReason.ERROR,
                                              error=f"engine loop died: {exc!r}")
                                for request_id in list(self._in_flight)])
+
+    def _gather_burst(self) -> None:
+        """Woken from idle: wait while requests keep arriving, each within the burst window
+        of the last (BURST_LIMIT_S in all). A burst is then prefilled in full-size steps;
+        stepping at once would prefill its first few requests alone, slowly, while the
+        submitting thread, sharing the interpreter lock, still sends the rest (at 256 speech
+        requests: a 62 ms step of 28 prompts, then 8,192 tokens, then the last 1,693). A
+        lone request waits one window; a running engine never waits (arrivals join its
+        next step)."""
+        window = self.args.burst_window_ms / 1000
+        if window <= 0:
+            return
+        deadline = time.monotonic() + self.BURST_LIMIT_S
+        seen = self._submitted
+        while not self._stopping and time.monotonic() < deadline:
+            time.sleep(window)
+            if self._submitted == seen:
+                return
+            seen = self._submitted
+
+    BURST_LIMIT_S = 0.05
 
     def _take_commands(self) -> None:
         while True:

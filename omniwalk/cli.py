@@ -40,6 +40,9 @@ def _add_engine_flags(parser: argparse.ArgumentParser, seed: bool = True) -> Non
     group.add_argument("--quantization", default=None, choices=["fp8"],
                        help="fp8: the decoder's linear layers in FP8 (per-channel weights, per-token activations; "
                             "Llama / Qwen3 / Orpheus, GPUs of compute capability 8.9+)")
+    group.add_argument("--burst-window-ms", type=float, default=_DEFAULTS.burst_window_ms,
+                       help="an idle engine woken by a request first waits while more arrive, each within this "
+                            "many ms of the last (at most 50 ms in all), so a burst is prefilled together; 0: off")
     group.add_argument("--codec", default=None,
                        help="TTS checkpoints: local codec folder (Orpheus: SNAC; default: MODEL/snac)")
 

@@ -45,6 +45,7 @@ class EngineArgs:
     enable_prefix_caching: bool = True  # share the KV pages of common prompt prefixes
     codec: str | None = None            # TTS checkpoints: local codec folder (Orpheus: SNAC); None: <model>/snac
     quantization: str | None = None     # fp8: the decoder's projections in FP8 (layers/fp8_linear.py)
+    burst_window_ms: float = 2.0        # idle engine woken by a request: gather arrivals this close together
 
     def __post_init__(self):
         if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
@@ -58,6 +59,8 @@ class EngineArgs:
             raise ValueError("kv_cache_tokens must hold at least one page")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
+        if not 0 <= self.burst_window_ms <= 100:
+            raise ValueError(f"burst_window_ms must be in [0, 100], got {self.burst_window_ms}")
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS[1:])} or None, "
                              f"got {self.quantization!r}")

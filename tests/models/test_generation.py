@@ -181,6 +181,24 @@ def test_submit_after_shutdown_is_refused():
         engine.generate(["hi"])
 
 
+def test_a_burst_arriving_at_an_idle_engine_is_prefilled_together():
+    """Requests submitted ~1 ms apart to an idle engine: it waits while they keep coming
+    (the burst window) and prefills them in one step, instead of the first one alone."""
+    with Engine(EngineArgs("tiny-qwen3", burst_window_ms=20)) as engine:
+        streams = []
+        for i in range(8):
+            streams.append(engine.submit(GenerationRequest(prompt=f"request {i}", max_tokens=1)))
+            time.sleep(0.001)
+        assert all(len(list(stream)) >= 1 for stream in streams)
+        assert engine.runtime.node_batches["backbone"] == 1   # max_tokens=1: each ends at its prefill
+
+
+@pytest.mark.parametrize("window", [-1, 101])
+def test_burst_window_is_validated(window):
+    with pytest.raises(ValueError, match="burst_window_ms"):
+        EngineArgs(burst_window_ms=window)
+
+
 # ---------------------------------------------------------------- HF parity
 
 HF_FAMILIES = {
