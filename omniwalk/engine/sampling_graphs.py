@@ -37,9 +37,9 @@ import torch
 from omniwalk.engine.cuda_graphs import DecodeGraphs, capture_per_bucket
 from omniwalk.engine.sampler import RowSettings, RowValues, SamplingPlan, sample_rows
 
-# the rows of the staging buffer: each batch row's stage values, then its per-step inputs
 logger = logging.getLogger(__name__)
 
+# the rows of the staging buffer: each batch row's stage values, then its per-step inputs
 _ROW_OF = {name: index for index, name in enumerate(RowValues.DTYPES)}
 _KEY_LOW, _KEY_HIGH, _TABLE_ROW = range(len(_ROW_OF), len(_ROW_OF) + 3)
 _NEUTRAL = {"temperature": 1.0, "top_k_active": 0.0, "top_p": 1.0, "top_p_active": 0.0,
