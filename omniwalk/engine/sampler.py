@@ -308,6 +308,7 @@ class RowValues:
               "top_p": torch.float32, "top_p_active": torch.bool, "log_min_p": torch.float32,
               "repetition_penalty": torch.float32, "greedy": torch.bool}
 
+
 def sample_rows(x: torch.Tensor, plan: SamplingPlan, values: RowValues, low: torch.Tensor, high: torch.Tensor,
                 candidate_ids: torch.Tensor | None = None, seen: torch.Tensor | None = None) -> torch.Tensor:
     """`Sampler`'s ids for every row of `x` [B, C] float32 (a logits mask already applied),
