@@ -234,6 +234,8 @@ class TextOutputProcessor:
 class Engine:
     """Loads a model and serves generations from a background loop thread."""
 
+    BURST_LIMIT_S = 0.05   # an idle engine gathering a burst waits this long at most
+
     def __init__(self, args: EngineArgs = EngineArgs(), loaded: LoadedModel | None = None):
         self.args = args
         self.loaded = loaded or load_model(args)
@@ -460,8 +462,6 @@ class Engine:
             if self._submitted == seen:
                 return
             seen = self._submitted
-
-    BURST_LIMIT_S = 0.05
 
     def _take_commands(self) -> None:
         while True:
