@@ -7,7 +7,7 @@ arrival times, through the same Engine and in-process client as `omniwalk bench 
 One model load; a warm-up wave of 4 requests, then one wave of C requests (N codes each)
 per prefill budget (max_num_batched_tokens). On a CPU it runs tiny-orpheus.
 """
-import argparse, asyncio, dataclasses, time
+import argparse, asyncio, dataclasses, sys, time
 
 import torch
 
@@ -24,7 +24,10 @@ parser.add_argument("--budgets", default="2048")
 parser.add_argument("--model", default="benchmarks/orpheus-3b" if torch.cuda.is_available() else "tiny-orpheus")
 parser.add_argument("--steps", type=int, default=45, help="steps of the timeline printed")
 parser.add_argument("--quantization", default=None)
+parser.add_argument("--switch-interval-ms", type=float, default=None, help="sys.setswitchinterval (the GIL's)")
 args = parser.parse_args()
+if args.switch_interval_ms is not None:
+    sys.setswitchinterval(args.switch_interval_ms / 1000)
 base = EngineArgs(args.model, load_format="dummy" if args.model != "tiny-orpheus" else "auto",
                   max_num_seqs=args.streams, max_model_len=2048, quantization=args.quantization)
 loaded = load_model(base)
