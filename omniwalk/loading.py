@@ -185,7 +185,7 @@ def quantize_backbone(args: EngineArgs, lm: torch.nn.Module) -> None:
     and before the KV cache is sized from the memory it frees."""
     if args.quantization is None:
         return
-    from omniwalk.layers.fp8_linear import fp8_supported, quantize_linear_layers
+    from omniwalk.layers.fp8_linear import fp8_supported, fuse_input_quantization, quantize_linear_layers
 
     device = next(lm.parameters()).device
     if device.type == "cuda" and not fp8_supported(device):
@@ -193,9 +193,11 @@ def quantize_backbone(args: EngineArgs, lm: torch.nn.Module) -> None:
     if device.type == "cuda" and next(lm.parameters()).dtype != torch.bfloat16:
         raise ValueError("--quantization fp8 on a GPU needs --dtype bfloat16 (FP8 GEMMs write bf16)")
     swapped = quantize_linear_layers(lm)
+    fused = fuse_input_quantization(lm)
     if device.type == "cuda":
         torch.cuda.empty_cache()   # the bf16 weights' memory goes back to the KV cache's budget
-    logger.info("quantized %d linear layers to fp8 (weights per channel, activations per token)", swapped)
+    logger.info("quantized %d linear layers to fp8 (weights per channel, activations per token; %d of them "
+                "read rows their norm or SiLU-mul quantized)", swapped, fused)
 
 
 def context_length(args: EngineArgs, config: DecoderConfig) -> int:

@@ -6,7 +6,7 @@ of the right shapes and the sampler's race by an argmax (on a GPU: one kernel ea
 a step costs is then the runtime's per-stream work, the executors' bookkeeping, the
 sampler's Python and small kernels, and the SNAC executor's window handling:
 
-    PYTHONPATH=. python benchmarks/scripts/host_orpheus.py [C] [--profile]
+    PYTHONPATH=. python benchmarks/scripts/host_orpheus.py [C] [--profile] [--steps]
 
 The absolute times are this machine's; compare before/after on one machine.
 """
@@ -48,8 +48,13 @@ def main():
             CODES_STREAM: StreamParams(1400, StopConfig(eos_ids=frozenset({model.tokens.end_of_speech}),
                                                         ignore_eos=True), SpeechRequest("x").sampling(i), i),
             AUDIO_STREAM: StreamParams(seed=i)}))
+    first_steps = []
     for _ in range(35):
+        start = time.perf_counter()
         runtime.step()
+        first_steps.append((time.perf_counter() - start) * 1e3)
+    if "--steps" in sys.argv:   # the wave's first steps: prefill, decode, the first windows (~28)
+        print("first steps (ms):", " ".join(f"{t:.1f}" for t in first_steps))
     steps = 70   # ten frames: every phase of the 7-step window cycle equally
     start = time.perf_counter()
     for _ in range(steps):

@@ -8,6 +8,9 @@ stays bit-close to the reference and the CPU path is the reference.
 
 CI runs the kernels in Triton's interpreter against the torch versions
 (tests/layers/test_fused_ops.py).
+
+`quantize=True` (the norms, SiLU-mul): the op's output goes on to an FP8 projection, so the
+kernel quantizes its rows as `fp8_linear.quantize_rows` does and returns `Fp8Rows`.
 """
 
 from __future__ import annotations
@@ -15,9 +18,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from omniwalk.layers.fp8_linear import FP8_DTYPE, FP8_MAX, MIN_SCALE, Fp8Rows
+
 try:
     import triton
     import triton.language as tl
+
+    from omniwalk.layers.fp8_linear import quantize_block
 except ImportError:   # CPU-only installs: the torch paths below need no Triton
     triton = None
 
@@ -49,31 +56,44 @@ def rotary_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> t
 
 # ----------------------------------------------------------------------------- public ops
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: bool = False) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: bool = False,
+             quantize: bool = False) -> torch.Tensor | Fp8Rows:
     """RMSNorm over the last dim (any leading shape); `zero_centered`: scale by 1 + weight."""
     if not use_triton(x):
-        return rms_norm_reference(x, weight, eps, zero_centered)
-    return _launch_norm(x, None, weight, eps, zero_centered)[0]
+        normed = rms_norm_reference(x, weight, eps, zero_centered)
+        return Fp8Rows.of(normed) if quantize else normed
+    return _launch_norm(x, None, weight, eps, zero_centered, quantize)[0]
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                 zero_centered: bool = False):
+                 zero_centered: bool = False, quantize: bool = False):
     """(norm(x + residual), x + residual): the residual add fused into the next norm."""
     if not use_triton(x):
         summed = x + residual
-        return rms_norm_reference(summed, weight, eps, zero_centered), summed
-    return _launch_norm(x, residual, weight, eps, zero_centered)
+        normed = rms_norm_reference(summed, weight, eps, zero_centered)
+        return (Fp8Rows.of(normed) if quantize else normed), summed
+    return _launch_norm(x, residual, weight, eps, zero_centered, quantize)
 
 
-def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+def silu_and_mul(gate: torch.Tensor, up: torch.Tensor, quantize: bool = False) -> torch.Tensor | Fp8Rows:
     if not use_triton(gate):
-        return F.silu(gate) * up
-    out = torch.empty_like(gate)
-    gate2, up2, out2 = gate.reshape(-1, gate.shape[-1]), up.reshape(-1, up.shape[-1]), out.view(-1, gate.shape[-1])
+        out = F.silu(gate) * up
+        return Fp8Rows.of(out) if quantize else out
+    gate2, up2 = gate.reshape(-1, gate.shape[-1]), up.reshape(-1, up.shape[-1])
     rows, width = gate2.shape
+    if quantize:   # the row's scale needs all of it: one program per row
+        out = torch.empty((rows, width), dtype=FP8_DTYPE, device=gate.device)
+        scale = torch.empty((rows, 1), dtype=torch.float32, device=gate.device)
+        block = triton.next_power_of_2(width)
+        _silu_mul_kernel[(rows, 1)](gate2, up2, out, gate2.stride(0), up2.stride(0), width, scale,
+                                    FP8_MAX, 1.0 / FP8_MAX, MIN_SCALE, BLOCK=block, QUANTIZE=True,
+                                    num_warps=max(4, min(16, block // 512)))
+        return Fp8Rows(out, scale, gate.dtype)
+    out = torch.empty_like(gate)
+    out2 = out.view(-1, gate.shape[-1])
     block = min(4096, triton.next_power_of_2(width))
     _silu_mul_kernel[(rows, triton.cdiv(width, block))](
-        gate2, up2, out2, gate2.stride(0), up2.stride(0), width, BLOCK=block)
+        gate2, up2, out2, gate2.stride(0), up2.stride(0), width, out2, 0.0, 0.0, 0.0, BLOCK=block, QUANTIZE=False)
     return out
 
 
@@ -116,19 +136,22 @@ def norm_rotary(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
     return out
 
 
-def _launch_norm(x, residual, weight, eps, zero_centered=False):
+def _launch_norm(x, residual, weight, eps, zero_centered=False, quantize=False):
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
     rows, width = x2.shape
-    out = torch.empty_like(x2)
+    out = torch.empty_like(x2) if not quantize else torch.empty((rows, width), dtype=FP8_DTYPE, device=x.device)
+    scale = torch.empty((rows, 1), dtype=torch.float32, device=x.device) if quantize else out
     residual_out = torch.empty_like(x2) if residual is not None else x2
     residual2 = residual.reshape(-1, shape[-1]) if residual is not None else x2
     _add_rms_norm_kernel[(rows,)](
-        x2, residual2, weight, out, residual_out,
-        x2.stride(0), residual2.stride(0), eps, width,
-        HAS_RESIDUAL=residual is not None, ZERO_CENTERED=zero_centered, BLOCK=triton.next_power_of_2(width),
+        x2, residual2, weight, out, residual_out, scale,
+        x2.stride(0), residual2.stride(0), eps, width, FP8_MAX, 1.0 / FP8_MAX, MIN_SCALE,
+        HAS_RESIDUAL=residual is not None, ZERO_CENTERED=zero_centered, QUANTIZE=quantize,
+        BLOCK=triton.next_power_of_2(width),
     )
-    return out.view(shape), (residual_out.view(shape) if residual is not None else None)
+    normed = Fp8Rows(out, scale, x.dtype) if quantize else out.view(shape)
+    return normed, (residual_out.view(shape) if residual is not None else None)
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -143,10 +166,11 @@ if triton is not None:
         return (w * normed.to(dtype).to(tl.float32)).to(dtype)
 
     @triton.jit
-    def _add_rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr,
-                             stride_x, stride_residual, eps, width,
-                             HAS_RESIDUAL: tl.constexpr, ZERO_CENTERED: tl.constexpr, BLOCK: tl.constexpr):
-        row = tl.program_id(0)
+    def _add_rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr, scale_ptr,
+                             stride_x, stride_residual, eps, width, fp8_max, inverse_fp8_max, min_scale,
+                             HAS_RESIDUAL: tl.constexpr, ZERO_CENTERED: tl.constexpr, QUANTIZE: tl.constexpr,
+                             BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         mask = cols < width
         x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
@@ -157,7 +181,13 @@ if triton is not None:
         xf = x.to(tl.float32)
         inv = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / width + eps)
         w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        tl.store(out_ptr + row * width + cols, _scale_normed(xf * inv, w, x.dtype, ZERO_CENTERED), mask=mask)
+        normed = _scale_normed(xf * inv, w, x.dtype, ZERO_CENTERED)
+        if QUANTIZE:   # quantize_rows of the normed row, as if it had gone through memory
+            quantized, scale = quantize_block(normed.to(tl.float32), fp8_max, inverse_fp8_max, min_scale)
+            tl.store(out_ptr + row * width + cols, quantized, mask=mask)
+            tl.store(scale_ptr + row, scale)
+        else:
+            tl.store(out_ptr + row * width + cols, normed, mask=mask)
 
     @triton.jit
     def _gated_rms_norm_kernel(x_ptr, gate_ptr, weight_ptr, out_ptr, heads, stride_gate_token, stride_gate_head,
@@ -175,15 +205,22 @@ if triton is not None:
         tl.store(out_ptr + row * width + cols, (normed * (g / (1.0 + tl.exp(-g)))).to(x.dtype), mask=mask)
 
     @triton.jit
-    def _silu_mul_kernel(gate_ptr, up_ptr, out_ptr, stride_gate, stride_up, width, BLOCK: tl.constexpr):
-        row = tl.program_id(0)
+    def _silu_mul_kernel(gate_ptr, up_ptr, out_ptr, stride_gate, stride_up, width,
+                         scale_ptr, fp8_max, inverse_fp8_max, min_scale, BLOCK: tl.constexpr, QUANTIZE: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = cols < width
         g = tl.load(gate_ptr + row * stride_gate + cols, mask=mask, other=0.0)
         u = tl.load(up_ptr + row * stride_up + cols, mask=mask, other=0.0)
         gf = g.to(tl.float32)
         silu = (gf / (1.0 + tl.exp(-gf))).to(g.dtype)
-        tl.store(out_ptr + row * width + cols, (silu.to(tl.float32) * u.to(tl.float32)).to(g.dtype), mask=mask)
+        product = (silu.to(tl.float32) * u.to(tl.float32)).to(g.dtype)
+        if QUANTIZE:   # one program holds the whole row (BLOCK >= width)
+            quantized, scale = quantize_block(product.to(tl.float32), fp8_max, inverse_fp8_max, min_scale)
+            tl.store(out_ptr + row * width + cols, quantized, mask=mask)
+            tl.store(scale_ptr + row, scale)
+        else:
+            tl.store(out_ptr + row * width + cols, product, mask=mask)
 
     @triton.jit
     def _norm_rotary_kernel(x_ptr, weight_ptr, cos_ptr, sin_ptr, out_ptr,

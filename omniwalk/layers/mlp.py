@@ -9,6 +9,9 @@ from omniwalk.layers import fused_ops
 
 
 class GatedMLP(nn.Module):
+    quantize_output = False   # of the SiLU-mul: set when down_proj is FP8 (fp8_linear.fuse_input_quantization)
+    fp8_input_producers = {"": "down_proj"}
+
     def __init__(self, hidden_size: int, intermediate_size: int):
         super().__init__()
         # gate and up in one projection (loaded from gate_proj/up_proj)
@@ -22,4 +25,4 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [num_tokens, hidden]
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(fused_ops.silu_and_mul(gate, up))
+        return self.down_proj(fused_ops.silu_and_mul(gate, up, quantize=self.quantize_output))

@@ -11,6 +11,7 @@ from omniwalk.layers import fused_ops
 
 class RMSNorm(nn.Module):
     init_weight = 1.0   # the neutral weight, for `init_random_weights`
+    quantize_output = False   # set when an FP8 projection alone reads it (fp8_linear.fuse_input_quantization)
 
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
@@ -20,11 +21,11 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., dim]
         # Normalize in fp32, cast back to the input dtype, and only then scale by the
         # weight: the order matters for bit-parity with transformers in bf16.
-        return fused_ops.rms_norm(x, self.weight, self.eps)
+        return fused_ops.rms_norm(x, self.weight, self.eps, quantize=self.quantize_output)
 
     def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm(x + residual), x + residual), one kernel on CUDA."""
-        return fused_ops.add_rms_norm(x, residual, self.weight, self.eps)
+        return fused_ops.add_rms_norm(x, residual, self.weight, self.eps, quantize=self.quantize_output)
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.eps}"
@@ -38,6 +39,7 @@ class ZeroCenteredRMSNorm(nn.Module):
     """
 
     init_weight = 0.0   # the neutral weight, for `init_random_weights`
+    quantize_output = False   # as RMSNorm's
 
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
@@ -45,11 +47,12 @@ class ZeroCenteredRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., dim]
-        return fused_ops.rms_norm(x, self.weight, self.eps, zero_centered=True)
+        return fused_ops.rms_norm(x, self.weight, self.eps, zero_centered=True, quantize=self.quantize_output)
 
     def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm(x + residual), x + residual), one kernel on CUDA."""
-        return fused_ops.add_rms_norm(x, residual, self.weight, self.eps, zero_centered=True)
+        return fused_ops.add_rms_norm(x, residual, self.weight, self.eps, zero_centered=True,
+                                      quantize=self.quantize_output)
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.eps}"

@@ -51,7 +51,7 @@ class DecoderAttention(nn.Module):
 
     def forward(
         self,
-        x: torch.Tensor,        # [num_tokens, hidden]
+        x: torch.Tensor,        # [num_tokens, hidden] (or its Fp8Rows, for an FP8 qkv_proj)
         cos: torch.Tensor,      # [num_tokens, rotary_dim]
         sin: torch.Tensor,      # [num_tokens, rotary_dim]
         attention: PagedAttention,
@@ -71,6 +71,9 @@ class DecoderAttention(nn.Module):
 class DecoderLayer(nn.Module):
     """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x)), with the adds deferred
     into the next norm (`add_and_norm`)."""
+
+    # each norm feeds one projection alone: with FP8 projections the norm quantizes
+    fp8_input_producers = {"input_layernorm": "self_attn.qkv_proj", "post_attention_layernorm": "mlp.gate_up_proj"}
 
     def __init__(self, config: DecoderConfig, layer_index: int):
         super().__init__()

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from omniwalk import Engine, EngineArgs, GenerationRequest, SamplingParams
+from omniwalk.layers import fp8_linear, fused_ops
 from omniwalk.layers.fp8_linear import Fp8Linear, fp8_supported, quantize_rows, quantize_rows_reference
 
 pytestmark = [pytest.mark.gpu,
@@ -21,6 +22,49 @@ def test_quantization_kernel_is_the_reference_bit_for_bit(width):
     expected, expected_scale = quantize_rows_reference(x)
     assert torch.equal(got_scale, expected_scale)
     assert torch.equal(got.view(torch.uint8), expected.view(torch.uint8))
+
+
+def _assert_rows_equal(fused, x):
+    expected, expected_scale = quantize_rows(x.reshape(-1, x.shape[-1]))
+    assert torch.equal(fused.scale, expected_scale)
+    assert torch.equal(fused.values.view(torch.uint8), expected.view(torch.uint8))
+
+
+@pytest.mark.parametrize("zero_centered", [False, True])
+@pytest.mark.parametrize("width", [96, 3072])
+def test_norms_quantizing_their_output_write_the_quantized_norm_bit_for_bit(width, zero_centered):
+    gen = torch.Generator("cuda").manual_seed(width)
+    x, residual = (torch.randn(2, 37, width, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(2))
+    weight = torch.randn(width, generator=gen, device="cuda").to(torch.bfloat16)
+    normed, summed = fused_ops.add_rms_norm(x, residual, weight, 1e-6, zero_centered)
+    fused, fused_summed = fused_ops.add_rms_norm(x, residual, weight, 1e-6, zero_centered, quantize=True)
+    assert torch.equal(fused_summed, summed) and fused.dtype == torch.bfloat16
+    _assert_rows_equal(fused, normed)
+    _assert_rows_equal(fused_ops.rms_norm(x, weight, 1e-6, zero_centered, quantize=True),
+                       fused_ops.rms_norm(x, weight, 1e-6, zero_centered))
+
+
+@pytest.mark.parametrize("width", [96, 8192])
+def test_silu_mul_quantizing_its_output_writes_the_quantized_product_bit_for_bit(width):
+    gen = torch.Generator("cuda").manual_seed(width)
+    gate_up = (torch.randn(37, 2 * width, generator=gen, device="cuda") * 3).to(torch.bfloat16)
+    gate, up = gate_up.split(width, dim=-1)   # strided halves of one projection, as in the MLP
+    _assert_rows_equal(fused_ops.silu_and_mul(gate, up, quantize=True), fused_ops.silu_and_mul(gate, up))
+
+
+def test_fused_input_quantization_samples_the_ids_of_the_unfused_engine(monkeypatch):
+    prompts = ["The quick brown fox", "Once upon a time", "1 2 3 4"]
+    requests = [GenerationRequest(prompt=p, max_tokens=12, sampling=SamplingParams(temperature=0.0)) for p in prompts]
+    ids = {}
+    for fused in (True, False):
+        if not fused:
+            monkeypatch.setattr(fp8_linear, "fuse_input_quantization", lambda model: 0)
+        args = EngineArgs("tiny-llama", device="cuda", dtype="bfloat16", quantization="fp8", kv_cache_tokens=8192,
+                          max_num_seqs=8)
+        with Engine(args) as engine:
+            assert engine.model.lm.model.layers[0].input_layernorm.quantize_output == fused
+            ids[fused] = [r.token_ids for r in engine.generate(requests)]
+    assert ids[True] == ids[False]
 
 
 def test_scaled_mm_is_the_product_of_the_dequantized_operands():

@@ -12,9 +12,17 @@ from omniwalk.engine import cross_attention, race_kernel
 from omniwalk.layers import causal_conv, fp8_linear, fused_ops, gated_delta_rule_triton
 from omniwalk.models.orpheus import depthwise_conv, pointwise_conv, snake
 
-NORM = {"x_ptr": "*bf16", "residual_ptr": "*bf16", "weight_ptr": "*bf16", "out_ptr": "*bf16",
-        "residual_out_ptr": "*bf16", "stride_x": "i32", "stride_residual": "i32", "eps": "fp32", "width": "i32",
-        "HAS_RESIDUAL": "constexpr", "ZERO_CENTERED": "constexpr", "BLOCK": "constexpr"}
+QUANTIZE_ARGS = {"fp8_max": "fp32", "inverse_fp8_max": "fp32", "min_scale": "fp32"}
+
+
+def norm_signature(quantize: bool) -> dict:
+    return {"x_ptr": "*bf16", "residual_ptr": "*bf16", "weight_ptr": "*bf16", "out_ptr": "*fp8e4nv" if quantize else "*bf16",
+            "residual_out_ptr": "*bf16", "scale_ptr": "*fp32" if quantize else "*bf16", "stride_x": "i32",
+            "stride_residual": "i32", "eps": "fp32", "width": "i32", **QUANTIZE_ARGS,
+            "HAS_RESIDUAL": "constexpr", "ZERO_CENTERED": "constexpr", "QUANTIZE": "constexpr", "BLOCK": "constexpr"}
+
+
+
 NORM_ROTARY = {"x_ptr": "*bf16", "weight_ptr": "*bf16", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "out_ptr": "*bf16",
                "stride_token": "i32", "stride_head": "i32", "stride_cos": "i32", "eps": "fp32",
                "HAS_NORM": "constexpr", "ZERO_CENTERED": "constexpr", "HEAD_DIM": "constexpr", "BLOCK_D": "constexpr",
@@ -73,12 +81,15 @@ KERNELS = [
       "BLOCK_T": 128, "BLOCK_I": 32})
     for noise in (False, True) for tf32 in (False, True) for residual in (False, True)
 ] + [
-    ("silu and mul", fused_ops._silu_mul_kernel,
-     {"gate_ptr": "*bf16", "up_ptr": "*bf16", "out_ptr": "*bf16", "stride_gate": "i32", "stride_up": "i32",
-      "width": "i32", "BLOCK": "constexpr"}, {"BLOCK": 1024}),
+    (f"silu and mul{' (fp8 out)' * quantize}", fused_ops._silu_mul_kernel,
+     {"gate_ptr": "*bf16", "up_ptr": "*bf16", "out_ptr": "*fp8e4nv" if quantize else "*bf16", "stride_gate": "i32",
+      "stride_up": "i32", "width": "i32", "scale_ptr": "*fp32" if quantize else "*bf16", **QUANTIZE_ARGS,
+      "BLOCK": "constexpr", "QUANTIZE": "constexpr"}, {"BLOCK": 8192 if quantize else 1024, "QUANTIZE": quantize})
+    for quantize in (False, True)
 ] + [
-    (f"add+rms norm{' (zero-centered)' * zc}", fused_ops._add_rms_norm_kernel, NORM,
-     {"HAS_RESIDUAL": True, "ZERO_CENTERED": zc, "BLOCK": 1024}) for zc in (False, True)
+    (f"add+rms norm{' (zero-centered)' * zc}{' (fp8 out)' * quantize}", fused_ops._add_rms_norm_kernel,
+     norm_signature(quantize), {"HAS_RESIDUAL": True, "ZERO_CENTERED": zc, "QUANTIZE": quantize, "BLOCK": 1024})
+    for zc in (False, True) for quantize in (False, True)
 ] + [
     (f"norm+rotary{' (zero-centered)' * zc}", fused_ops._norm_rotary_kernel, NORM_ROTARY,
      {"HAS_NORM": True, "ZERO_CENTERED": zc, "HEAD_DIM": 256, "BLOCK_D": 256, "HALF": 32, "BLOCK_HALF": 32})

@@ -9,8 +9,10 @@ import torch
 from torch import nn
 
 from omniwalk import Engine, EngineArgs, GenerationRequest, SamplingParams
+from omniwalk.layers import fp8_linear
 from omniwalk.layers.fp8_linear import (
-    FP8_DTYPE, FP8_MAX, Fp8Linear, quantize_linear_layers, quantize_rows, quantize_rows_reference,
+    FP8_DTYPE, FP8_MAX, Fp8Linear, Fp8Rows, fuse_input_quantization, quantize_linear_layers, quantize_rows,
+    quantize_rows_reference,
 )
 from omniwalk.loading import load_model
 
@@ -76,6 +78,36 @@ def test_an_fp8_engine_generates_close_to_the_unquantized_one(model):
     # the first token: the same greedy choice, its log-probability within 0.1 nats
     assert fp8.token_ids[0] == plain.token_ids[0]
     assert abs(plain.logprobs[0].logprob - fp8.logprobs[0].logprob) < 0.1
+
+
+def test_a_projection_takes_rows_its_producer_quantized():
+    torch.manual_seed(0)
+    layer = Fp8Linear(nn.Linear(64, 32, bias=False))
+    x = torch.randn(5, 64).to(torch.bfloat16)
+    rows = Fp8Rows.of(x)
+    assert rows.shape == (5, 64) and rows.dtype == torch.bfloat16
+    with torch.no_grad():
+        assert torch.equal(layer(rows), layer(x))
+
+
+def test_norms_and_silu_mul_quantize_for_their_fp8_projection_with_the_same_ids(monkeypatch):
+    loaded = load_model(EngineArgs("tiny-llama"))
+    lm = loaded.served.lm
+    quantize_linear_layers(lm)
+    assert fuse_input_quantization(lm) == 3 * len(lm.model.layers)   # qkv and gate/up's norms, the SiLU-mul
+    layer = lm.model.layers[0]
+    assert layer.input_layernorm.quantize_output and layer.post_attention_layernorm.quantize_output
+    assert layer.mlp.quantize_output and not lm.model.norm.quantize_output   # the LM head stays bf16/fp32
+    # an engine with the fused producers samples what one without them does
+    prompt = GenerationRequest(prompt="The quick brown fox", max_tokens=8, sampling=SamplingParams(temperature=0.0))
+    ids = {}
+    for fused in (True, False):
+        if not fused:
+            monkeypatch.setattr(fp8_linear, "fuse_input_quantization", lambda model: 0)
+        with Engine(EngineArgs("tiny-llama", quantization="fp8")) as engine:
+            assert engine.model.lm.model.layers[0].mlp.quantize_output == fused
+            ids[fused] = engine.generate([prompt])[0].token_ids
+    assert len(ids[True]) == 8 and ids[True] == ids[False]
 
 
 def test_fp8_is_refused_where_it_does_not_apply():

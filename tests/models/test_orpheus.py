@@ -210,7 +210,7 @@ def test_orpheus_token_layout():
     with pytest.raises(ValueError):
         t.code_of(t.code_id(5, 1), 2)     # a code of another frame position
     frames = [t.code_id(code, i % 7) for i, code in enumerate([0, 4095, 7, 1, 2, 3, 9] * 2)]
-    assert t.codes_of(frames).tolist() == [t.code_of(token, i % 7) for i, token in enumerate(frames)]
+    assert list(t.codes_of(frames)) == [t.code_of(token, i % 7) for i, token in enumerate(frames)]
     with pytest.raises(ValueError, match="frame position 2"):
         t.codes_of(frames[:9] + [t.code_id(5, 1)])   # index 9: position 2
     with pytest.raises(ValueError):

@@ -121,7 +121,7 @@ class Window:
         if start % CODES_PER_FRAME:
             raise ValueError(f"a window must start on a frame, got code index {start}")
         usable = len(token_ids) - len(token_ids) % CODES_PER_FRAME
-        codes = tuple(tokens.codes_of(token_ids[:usable]).tolist())
+        codes = tokens.codes_of(token_ids[:usable])
         return cls(start // CODES_PER_FRAME, codes)
 
 
