@@ -25,6 +25,17 @@ GPU time, never correctness: its KV writes are for positions the real step write
 with the same values, or for pages already given back, which later owners overwrite
 before they read. State a step writes beside the KV cache (recurrent states) goes to
 rows committed only when the runtime takes the step (`_commit_states`).
+
+Two steps ahead: when a decode batch is exactly the look-ahead step already on the GPU
+(every row as guessed, no prefill beside it), the step after it is launched before the
+executor waits for that one's ids, fed from its ids on the device; sampling counts the
+one step the host has not seen yet (sample index, frame position, min_tokens; its ids are
+set in the repetition penalty's seen mask on the device). So the GPU always has the next
+step queued while the host takes the current one's ids, instead of idling through the
+host's staging of each launch. Rows with recurrent or cross-attention slots, presence or
+frequency penalties, or a logits mask without a candidate table (which read host
+histories) stay one step ahead. Pinned staging is used in turns of two (DecodeGraphs,
+SamplingGraphs): a step is staged while the one before may still wait for its copies.
 """
 
 from __future__ import annotations
@@ -98,7 +109,8 @@ class TokenLogprobs:
 # sampled ids so far) -> None. A model that may only emit some ids (Orpheus: the audio codes
 # of the next frame position) brings one; it runs before the sampler, after min_tokens.
 # It may also offer `candidate_table(device) -> CandidateTable` (sets of C ids) and
-# `candidate_rows(calls, output_ids) -> list[int]` (the set each row may sample from now).
+# `candidate_rows(calls, counts) -> list[int]` (the set each row may sample from now, given
+# how many ids it has sampled).
 # Then the sampler works on those C columns alone (same samples; rows asking for logprobs
 # excepted), and a sampling graph can take the step (the set is a row index, not a mask).
 LogitsMask = Callable[[torch.Tensor, list[NodeCall], list[list[int]]], None]
@@ -127,6 +139,7 @@ class CausalLMExecutor(NodeExecutor):
         self._batch_rows: _BatchRows | None = None   # the last sampled batch's fixed per-row values
         self.lookahead_used = 0     # counters for tests and the bench
         self.lookahead_dropped = 0
+        self.lookahead_early = 0    # look-ahead steps launched two steps ahead
 
     # ------------------------------------------------------------ runtime contract
 
@@ -186,6 +199,8 @@ class CausalLMExecutor(NodeExecutor):
         decode = self._graph_rows(calls, done)
         in_graph = set(decode)
         eager = [i for i in range(len(calls)) if i not in in_graph]
+        # the step after this one, launched now if this one is the look-ahead step on the GPU
+        early = self._launch_early(calls, sequences) if len(decode) == len(calls) else None
         next_rows, sampled, device_tokens = self._forward_and_sample(calls, sequences, done, decode, eager)
 
         # Commit only after everything succeeded: a failed batch is retried call by call.
@@ -202,6 +217,10 @@ class CausalLMExecutor(NodeExecutor):
                 if self.seen_tokens is not None:
                     self.seen_tokens.append(calls[index].stream.handle, token)
             results[index] = {"token": token, "logprobs": logprobs}
+        if early is not None:
+            early.input_tokens = [token for token, _ in sampled]
+            self.lookahead = early
+            return results
 
         rows, row_sequences = [calls[i] for i in next_rows], [sequences[i] for i in next_rows]
         extra_pages = self._lookahead_pages(rows, row_sequences) if self.decode_graphs is not None and rows else None
@@ -225,11 +244,8 @@ class CausalLMExecutor(NodeExecutor):
         if lookahead is not None:
             if guessed is not None:
                 self.lookahead_used += 1
-            else:
+            else:   # its staging is not written again before the step after this one
                 self.lookahead_dropped += 1
-        elif lookahead is not None:
-            # its staging buffers are written again now: let its copies from them finish
-            lookahead.host_copy.wait()
         to_sample, logits = (eager_done, []) if guessed is not None else (decode + eager_done, [])
         if decode and guessed is None:
             logits.append(self._decode_with_graph([calls[i] for i in decode], [sequences[i] for i in decode]))
@@ -269,22 +285,49 @@ class CausalLMExecutor(NodeExecutor):
         """Hook: each row's slots in the graphs' slot resource (hybrid models: its state rows)."""
         return None
 
-    def _lookahead_pages(self, calls, sequences) -> list[int] | None:
-        """The pages each row needs for one more token, if the batch may look ahead: its
-        next samples come back as ids alone (no logprobs to copy) and the pages are free."""
+    def _lookahead_pages(self, calls, sequences, unseen: int = 0) -> list[int] | None:
+        """The pages each row needs for one more token (`unseen`: beyond the ones the host
+        has not seen yet), if the batch may look ahead: its next samples come back as ids
+        alone (no logprobs to copy) and the pages are free."""
         if self._rows_of(calls).settings.want_logprobs:
             return None
         cache = self.cache
-        needed = [cache.pages_needed(c.stream.handle, s.num_computed + 1) for c, s in zip(calls, sequences)]
+        needed = [cache.pages_needed(c.stream.handle, s.num_computed + 1 + unseen) for c, s in zip(calls, sequences)]
         pages = max(len(cache.page_tables[c.stream.handle]) for c in calls) + 1
         if sum(needed) <= cache.allocator.num_free and self.decode_graphs.fits(len(calls), pages):
             return needed
         return None
 
-    def _launch_lookahead(self, calls, sequences, tokens: list[int], device_tokens: torch.Tensor,
-                          extra_pages: list[int]) -> "_Lookahead":
+    def _launch_early(self, calls, sequences) -> "_Lookahead | None":
+        """The step after this one, launched before this one's ids reach the host (see the
+        module docstring: two steps ahead), if this batch is exactly the look-ahead step
+        on the GPU and nothing it needs is on the host alone."""
+        lookahead = self.lookahead
+        if lookahead is None or lookahead.rows_for(calls, sequences) != list(range(len(lookahead.handles))):
+            return None
+        rows = self._rows_of(calls)
+        mask = self.logits_mask
+        if (rows.settings.out_rows or (mask is not None and not hasattr(mask, "candidate_table"))
+                or self._row_slots(rows.handles) is not None):
+            return None
+        extra_pages = self._lookahead_pages(calls, sequences, unseen=1)
+        if extra_pages is None:
+            return None
+        try:
+            early = self._launch_lookahead(calls, sequences, None, lookahead.device_tokens, extra_pages, unseen=1)
+        except Exception:   # nothing is committed yet: the step goes on one step ahead
+            logger.exception("early look-ahead step failed; continuing one step ahead")
+            return None
+        self.lookahead_early += 1
+        return early
+
+    def _launch_lookahead(self, calls, sequences, tokens: list[int] | None, device_tokens: torch.Tensor,
+                          extra_pages: list[int], unseen: int = 0) -> "_Lookahead":
+        """The decode step after the last one of these rows, fed from `device_tokens`.
+        `unseen`: 1 if that last step's ids are not on the host yet (its tokens and their
+        sampled-so-far counts are one short; `tokens` is then None, filled in later)."""
         handles = [call.stream.handle for call in calls]
-        positions = [s.num_computed for s in sequences]
+        positions = [s.num_computed + unseen for s in sequences]
         for handle, position, extra in zip(handles, positions, extra_pages):
             if extra:   # most steps no row starts a page
                 self.cache.reserve(handle, position + 1)
@@ -296,9 +339,11 @@ class CausalLMExecutor(NodeExecutor):
             context_lens=positions, page_tables=tables, row_slots=self._row_slots(handles),
         )
         # Sampled as the real step would sample it: the histories, the sample indices and
-        # the logits mask already count this step's tokens; the runtime's item counts
-        # (min_tokens) do not yet, hence `ahead=1`.
-        guessed = self._sample_on_device(calls, logits, ahead=1, from_decode_graph=True).token_ids
+        # the logits mask already count this step's tokens (but for the `unseen` ones, which
+        # the sampling adds); the runtime's item counts (min_tokens) do not yet, hence
+        # `ahead=1` (+ unseen).
+        guessed = self._sample_on_device(calls, logits, ahead=1 + unseen, from_decode_graph=True,
+                                         unseen_tokens=device_tokens if unseen else None).token_ids
         return _Lookahead(handles, positions, tokens, guessed, self.decode_graphs.copy_to_host(guessed))
 
     def _forward_eager(self, calls, sequences, done) -> torch.Tensor:
@@ -356,12 +401,15 @@ class CausalLMExecutor(NodeExecutor):
         return results, out.token_ids
 
     def _sample_on_device(self, calls: list[NodeCall], logits: torch.Tensor, ahead: int = 0,
-                          from_decode_graph: bool = False) -> SamplerOutput:
+                          from_decode_graph: bool = False, unseen_tokens: torch.Tensor | None = None) -> SamplerOutput:
         """The sampler's output for each call's next item, nothing copied to the host
         (`from_decode_graph`: the logits are the decode graph's output, which a sampling
         graph may sample).
 
-        `ahead`: items the runtime has not counted yet (1 for a look-ahead step)."""
+        `ahead`: items the runtime has not counted yet (1 for a look-ahead step).
+        `unseen_tokens`: each row's last sample, still on the device only (a step launched
+        two ahead): counted as sampled, and seen by the repetition penalty."""
+        unseen = 0 if unseen_tokens is None else 1
         # logits: [num_rows, columns] float32; column j scores id first + j (a model may
         # narrow its LM head to the ids it samples: CausalLM.logit_ids)
         rows = self._rows_of(calls)
@@ -378,7 +426,7 @@ class CausalLMExecutor(NodeExecutor):
             # sample over the allowed columns only: the same ids, a fraction of the work
             table = mask.candidate_table(logits.device)
             table = CandidateTable(table.ids, table.allowed, first)
-            table_rows = mask.candidate_rows(calls, rows.outputs)
+            table_rows = mask.candidate_rows(calls, [len(ids) + unseen for ids in rows.outputs])
         seen = seen_rows = None
         if settings.rep_rows:
             if self.seen_tokens is None:
@@ -387,7 +435,9 @@ class CausalLMExecutor(NodeExecutor):
                 self.seen_tokens = SeenTokens(vocab, logits.device, capacity=self.max_batch_size)
             seen_rows = self.seen_tokens.rows(rows.handles, rows.histories)   # first: it may grow the mask
             seen = self.seen_tokens.mask
-        sample_indices = [len(ids) for ids in rows.outputs]
+            if unseen_tokens is not None:
+                self.seen_tokens.mark(seen_rows, unseen_tokens)
+        sample_indices = [len(ids) + unseen for ids in rows.outputs]
         sampling_graphs = self._sampling_graphs() if from_decode_graph else None
         if (sampling_graphs is not None and not under_min and not settings.want_logprobs and not settings.out_rows
                 and (mask is None or table is not None)):
@@ -396,6 +446,8 @@ class CausalLMExecutor(NodeExecutor):
             if ids is not None:
                 return SamplerOutput(ids, None, None, None)
 
+        if unseen and (mask is not None and table is None or rows.settings.out_rows):
+            raise ValueError("a step two ahead needs a candidate table and no presence/frequency penalties")
         for row in under_min:
             stop = rows.streams[row].params.stop
             banned = [t - first for t in stop.stopping_ids() if first <= t < first + columns]
@@ -465,13 +517,12 @@ class _Lookahead:
 
     handles: list[int]           # rows, in launch order
     positions: list[int]         # the position each row computed
-    input_tokens: list[int]      # the token each row was fed
+    input_tokens: list[int] | None   # the token each row was fed (None until the host has them)
     device_tokens: torch.Tensor  # [rows] the greedy samples, on the device
     host_copy: "HostCopy"
 
-    def take(self, calls, sequences) -> tuple[list[int], torch.Tensor] | None:
-        """The guessed samples for `calls` (on the host and on the device), if every call is
-        exactly what was guessed."""
+    def rows_for(self, calls, sequences) -> list[int] | None:
+        """Each call's row of this step, if every call is exactly what was guessed."""
         row_of = {handle: row for row, handle in enumerate(self.handles)}
         rows = []
         for call, sequence in zip(calls, sequences):
@@ -481,6 +532,14 @@ class _Lookahead:
                     or sequence.token_ids[-1] != self.input_tokens[row]):
                 return None
             rows.append(row)
+        return rows
+
+    def take(self, calls, sequences) -> tuple[list[int], torch.Tensor] | None:
+        """The guessed samples for `calls` (on the host and on the device), if every call is
+        exactly what was guessed."""
+        rows = self.rows_for(calls, sequences)
+        if rows is None:
+            return None
         host = self.host_copy.wait()
         if rows == list(range(len(self.handles))):
             return host, self.device_tokens

@@ -138,14 +138,16 @@ class DecodeGraphs(BucketGraphs):
             self.row_slots = torch.tensor(self.scratch_row_slots, dtype=torch.long, **on)[:, None].repeat(1, size)
         self.on_cuda = self.device.type == "cuda"
         pinned = dict(pin_memory=self.on_cuda)
-        # pinned staging: [ids; positions; KV slots; resource slots...] and [context_len, page table...]
-        self.host_longs = torch.zeros(3 + self.slot_columns, size, dtype=torch.long, **pinned)
-        self.host_ints = torch.zeros(size, 1 + self.max_pages, dtype=torch.int32, **pinned)
+        # Two sets of pinned staging, used in turn: a step is staged while the one before it
+        # may still wait on the GPU for its copies (the executor launches a look-ahead step
+        # before it waits for the current one); the step two before has been waited for.
+        self._staging = [_Staging(torch.zeros(3 + self.slot_columns, size, dtype=torch.long, **pinned),
+                                  torch.zeros(size, 1 + self.max_pages, dtype=torch.int32, **pinned))
+                         for _ in range(2)]
+        self._next_staging = 0
         # two pinned buffers for look-ahead copies: one in flight while the other is read
         self._copy_slots = [torch.zeros(size, dtype=torch.long, **pinned) for _ in range(2)]
         self._next_copy_slot = 0
-        self._written_tables: list[list[int]] = []   # the page tables in host_ints' rows, and their lengths
-        self._written_lengths: list[int] = []
 
     def _forward(self, batch: int) -> torch.Tensor:
         meta = AttentionMetadata(
@@ -180,7 +182,10 @@ class DecodeGraphs(BucketGraphs):
         slots in the slot resource (if any: `SlotResource.row_slots`)."""
         n = len(positions)
         batch = self.bucket_for(n)
-        longs = self.host_longs.numpy()
+        staging = self._staging[self._next_staging]
+        self._next_staging ^= 1
+        host_longs, host_ints = staging.longs, staging.ints
+        longs = host_longs.numpy()
         on_device = isinstance(input_ids, torch.Tensor)
         if not on_device:
             longs[0, :n] = input_ids
@@ -189,35 +194,35 @@ class DecodeGraphs(BucketGraphs):
         longs[1, n:batch] = 0
         longs[2, n:batch] = self.scratch_page * self.cache.page_size
         width = max(len(table) for table in page_tables)
-        ints = self.host_ints.numpy()
+        ints = host_ints.numpy()
         ints[:n, 0] = context_lens
         ints[n:batch, 0] = 0
         # A row's table changes only when it gains a page (every page_size steps) or the
         # batch changes: rewrite only those rows (the lists are the cache's own, which
         # only grow while their sequence holds them; holding the last ones keeps their
         # identities from being reused).
-        last_tables, last_lengths, lengths = self._written_tables, self._written_lengths, []
+        last_tables, last_lengths, lengths = staging.written_tables, staging.written_lengths, []
         for row, table in enumerate(page_tables):
             length = len(table)
             lengths.append(length)
             if row >= len(last_tables) or last_tables[row] is not table or last_lengths[row] != length:
                 ints[row, 1 : 1 + length] = table
-        self._written_tables, self._written_lengths = page_tables, lengths
+        staging.written_tables, staging.written_lengths = page_tables, lengths
         ints[n:batch, 1] = self.scratch_page
         if self.slot_resource is not None:
             longs[3:, :n] = np.asarray(row_slots, dtype=np.int64).reshape(n, -1).T
             longs[3:, n:batch] = np.asarray(self.scratch_row_slots, dtype=np.int64)[:, None]
             # all columns (a few KiB): one contiguous copy; the bucket reads its first `batch`
-            self.row_slots.copy_(self.host_longs[3:], non_blocking=True)
+            self.row_slots.copy_(host_longs[3:], non_blocking=True)
         if on_device:
             self.input_ids[:n].copy_(input_ids)
             self.input_ids[n:batch].zero_()
         else:
-            self.input_ids[:batch].copy_(self.host_longs[0, :batch], non_blocking=True)
-        self.positions[:batch].copy_(self.host_longs[1, :batch], non_blocking=True)
-        self.slots[:batch].copy_(self.host_longs[2, :batch], non_blocking=True)
-        self.context_lens[:batch].copy_(self.host_ints[:batch, 0], non_blocking=True)
-        self.page_table[:batch, :width].copy_(self.host_ints[:batch, 1 : 1 + width], non_blocking=True)
+            self.input_ids[:batch].copy_(host_longs[0, :batch], non_blocking=True)
+        self.positions[:batch].copy_(host_longs[1, :batch], non_blocking=True)
+        self.slots[:batch].copy_(host_longs[2, :batch], non_blocking=True)
+        self.context_lens[:batch].copy_(host_ints[:batch, 0], non_blocking=True)
+        self.page_table[:batch, :width].copy_(host_ints[:batch, 1 : 1 + width], non_blocking=True)
         return self._replay(batch, n)
 
     def copy_to_host(self, tokens: torch.Tensor) -> "HostCopy":
@@ -231,6 +236,16 @@ class DecodeGraphs(BucketGraphs):
             event = torch.cuda.Event()
             event.record()
         return HostCopy(slot, n, event)
+
+
+class _Staging:
+    """One set of a decode step's pinned inputs: [ids; positions; KV slots; resource slots...]
+    and [context_len, page table...], and which page tables its rows hold."""
+
+    def __init__(self, longs: torch.Tensor, ints: torch.Tensor):
+        self.longs, self.ints = longs, ints
+        self.written_tables: list[list[int]] = []   # the page tables in `ints`' rows, and their lengths
+        self.written_lengths: list[int] = []
 
 
 class HostCopy:

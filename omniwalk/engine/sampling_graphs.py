@@ -71,13 +71,17 @@ class SamplingGraphs:
         self.device = decode_graphs.device
         self.on_cuda = self.device.type == "cuda"
         size = decode_graphs.max_batch_size
-        # float64 holds every value exactly (keys are 32-bit halves); one copy a step
-        self.host_rows = torch.zeros(_TABLE_ROW + 1, size, dtype=torch.float64, pin_memory=self.on_cuda)
+        # float64 holds every value exactly (keys are 32-bit halves); one copy a step. Two
+        # pinned buffers used in turn, as DecodeGraphs' staging (a step is staged while the
+        # one before may still wait for its copy), each remembering whose values it holds.
+        self.host_rows = [torch.zeros(_TABLE_ROW + 1, size, dtype=torch.float64, pin_memory=self.on_cuda)
+                          for _ in range(2)]
+        self._values_for: list[tuple | None] = [None, None]   # (RowSettings, columns) in each buffer
+        self._next_host_rows = 0
         self.rows = torch.zeros(_TABLE_ROW + 1, size, dtype=torch.float64, device=self.device)
         self.seen_rows = torch.zeros(size, dtype=torch.long, device=self.device)
         self.graphs: dict[tuple, dict | None] = {}   # plan's key -> bucket -> (graph, output)
         self._pool = None
-        self._values_for: tuple | None = None    # (RowSettings, columns) in the staging rows
         self._seen_rows_for: torch.Tensor | None = None
         self.steps_sampled = 0   # for tests and the bench
 
@@ -95,21 +99,24 @@ class SamplingGraphs:
         self.steps_sampled += 1
         sampled_columns = table.ids.shape[1] if table is not None else columns
         plan = settings.plan(sampled_columns)
-        host = self.host_rows.numpy()
+        index = self._next_host_rows
+        self._next_host_rows ^= 1
+        host_rows = self.host_rows[index]
+        host = host_rows.numpy()
         # rows past n hold neutral values, not a bigger batch's: any bucket's graph (a capture
         # warms every bucket up) reads valid values and indices
-        if self._values_for != (settings, sampled_columns):
+        if self._values_for[index] != (settings, sampled_columns):
             for name, values in settings.values(sampled_columns).items():
                 host[_ROW_OF[name], :n] = values
                 host[_ROW_OF[name], n:] = _NEUTRAL.get(name, sampled_columns)
-            self._values_for = (settings, sampled_columns)
+            self._values_for[index] = (settings, sampled_columns)
         keys = np.asarray(keys, dtype=np.uint64)
         host[_KEY_LOW, :n] = keys & np.uint64(0xFFFFFFFF)
         host[_KEY_HIGH, :n] = keys >> np.uint64(32)
         host[_TABLE_ROW, :n] = table_rows if table is not None else 0
         host[_KEY_LOW:, n:] = 0
         # the whole buffer (a few KiB) in one copy; the bucket reads its first columns
-        self.rows.copy_(self.host_rows, non_blocking=self.on_cuda)
+        self.rows.copy_(host_rows, non_blocking=self.on_cuda)
         if plan.repetition and seen_rows is not self._seen_rows_for:
             self.seen_rows[:n].copy_(seen_rows)
             self.seen_rows[n:].zero_()   # the empty row

@@ -66,6 +66,15 @@ class SeenTokens:
         return self._rows
 
     @torch.inference_mode()
+    def mark(self, rows: torch.Tensor, tokens: torch.Tensor) -> None:
+        """Sets each row's bit of its token on the device, for samples the host has not seen
+        yet (a look-ahead step launched before the step feeding it was copied back); the
+        host appends them later, which sets the same bits again. `rows` from `rows()`;
+        row 0 (no history) is written False, so it stays empty."""
+        flat = rows * self.vocab_size + tokens
+        self.mask.view(-1).index_put_((flat,), rows > 0)
+
+    @torch.inference_mode()
     def free(self, handle: int) -> None:
         row = self.row_of.pop(handle, None)
         if row is not None:

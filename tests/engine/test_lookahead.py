@@ -53,6 +53,8 @@ def test_lookahead_outputs_equal_plain_decode(model):
     # a batch that lost a row (a budget reached) still takes the guess for the rows left;
     # the one drop: "a" is a one-token prompt, whose prefill joins the decode graph's rows
     assert executor.lookahead_used > 0 and executor.lookahead_dropped <= 1
+    # two steps ahead where the rows hold no state slots (the hybrid model's recurrent rows)
+    assert (executor.lookahead_early > 0) == (model == "tiny-qwen3")
 
 
 def test_decode_graph_writes_only_the_rows_beside_the_committed_states():
@@ -145,6 +147,8 @@ def test_sampling_graphs_sample_like_the_sampler(model):
     ahead, executor = outputs(model, True, batch)
     assert ahead == plain
     assert executor.sampling_graphs.steps_sampled >= 20
+    if model == "tiny-qwen3":   # two steps ahead: the penalty sees the unseen step's ids on the device
+        assert executor.lookahead_early >= 10
 
 
 def test_lookahead_with_a_logits_mask_speech():
@@ -163,6 +167,7 @@ def test_lookahead_with_a_logits_mask_speech():
     assert ahead == plain
     assert executor.lookahead_used > 0
     assert executor.sampling_graphs.steps_sampled > 0   # the candidate table in a sampling graph
+    assert executor.lookahead_early > 0   # frame positions and the penalty's mask one step further
 
 
 @pytest.mark.parametrize("model", ["tiny-qwen3", "tiny-qwen3_5"])

@@ -179,10 +179,11 @@ class AudioCodeMask:
             found = self._tables[device] = CandidateTable(ids.to(device), allowed.to(device))
         return found
 
-    def candidate_rows(self, calls: list[NodeCall], output_ids: list[list[int]]) -> list[int]:
-        """Each row's row of `candidate_table`: its next frame position, + 7 if it may stop."""
-        return [len(out) % CODES_PER_FRAME + (0 if call.stream.params.stop.ignore_eos else CODES_PER_FRAME)
-                for call, out in zip(calls, output_ids)]
+    def candidate_rows(self, calls: list[NodeCall], counts: list[int]) -> list[int]:
+        """Each row's row of `candidate_table` (`counts`: ids each row sampled so far): its
+        next frame position, + 7 if it may stop."""
+        return [count % CODES_PER_FRAME + (0 if call.stream.params.stop.ignore_eos else CODES_PER_FRAME)
+                for call, count in zip(calls, counts)]
 
     def __call__(self, logits: torch.Tensor, calls: list[NodeCall], output_ids: list[list[int]]) -> None:
         device, size = logits.device, self.tokens.codebook_size
