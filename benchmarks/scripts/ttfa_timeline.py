@@ -31,6 +31,8 @@ parser.add_argument("--model", default="benchmarks/orpheus-3b" if torch.cuda.is_
 parser.add_argument("--steps", type=int, default=45, help="steps of the timeline printed")
 parser.add_argument("--quantization", default=None)
 parser.add_argument("--waves", type=int, default=1, help="C-request waves per budget, each summarized")
+parser.add_argument("--snac-stream-priority", type=int, default=None,
+                    help="run the codec on a CUDA stream of this priority (lower is higher)")
 parser.add_argument("--switch-interval-ms", type=float, default=None, help="sys.setswitchinterval (the GIL's)")
 args = parser.parse_args()
 if args.switch_interval_ms is not None:
@@ -125,6 +127,8 @@ def summarize(index, records):
 for budget in [int(b) for b in args.budgets.split(",")]:
     engine_args = dataclasses.replace(base, max_num_batched_tokens=budget)
     engine = Engine(engine_args, loaded=loaded)
+    if args.snac_stream_priority is not None:
+        engine.runtime.executors["snac_decoder"].stream = torch.cuda.Stream(priority=args.snac_stream_priority)
     try:
         wave(engine, 4, args.codes)
         for index in range(args.waves):

@@ -424,6 +424,11 @@ class Runtime:
         out.stream_finish_reasons = {name: s.finish_reason or reason for name, s in state.streams.items()}
         out.usage = {name: s.count for name, s in state.streams.items()}
         out.finish_reason = reason or self._primary_finish_reason(state)
+        # Each stream points at its request and the request at its streams: a cycle only
+        # the collector's oldest generation would free, with the streams' buffers and
+        # pinned PCM held until then (and at 256 streams such collections take tens of ms
+        # of a step). Broken here, reference counting frees a finished request at once.
+        state.streams.clear()
 
     def _primary_finish_reason(self, state: RequestState) -> str:
         for name in self.graph.entry_streams:

@@ -4,6 +4,9 @@ The runtime runs the edges after a node as soon as the batch returns, and a stre
 loop leads back to the same node waits there for the next step; these tests pin what
 that must not change: when items come out, how many batches run, which walks start."""
 
+import gc
+import weakref
+
 from omniwalk.graph import BudgetSpec, Keep, Loop, ModelGraph, Node, Sequential, StreamSpec, ToClient, Walk, WalkCall
 from omniwalk.runtime import FunctionExecutor, NodeExecutor, Request, Runtime, SchedulerConfig, StopConfig, StreamParams
 
@@ -89,3 +92,21 @@ def test_each_call_begins_between_the_batch_before_it_and_its_own():
     # b's loop cap is 1: after its only decode step it begins no further call
     assert seen_by("a") == [0, "run", 1, "run", 2, "run"]
     assert seen_by("b") == [10, "run", 11, "run"]
+
+
+def test_a_finished_request_is_freed_by_reference_counting():
+    # a cycle among a request's objects would keep them (and their buffers) until the
+    # collector's oldest generation runs; the engine makes that generation rare
+    runtime = Runtime(ToyDecoder(FunctionExecutor(next_token)), SchedulerConfig(max_num_seqs=4))
+    gc.collect()
+    gc.disable()
+    try:
+        runtime.add_request(Request("r", 0, {"main": StreamParams(3)}))
+        runtime.step()
+        state = weakref.ref(runtime.running["r"])
+        stream = weakref.ref(runtime.running["r"].streams["main"])
+        steps = run(runtime)
+        assert len(steps) == 2
+        assert state() is None and stream() is None
+    finally:
+        gc.enable()
