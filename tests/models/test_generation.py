@@ -4,6 +4,7 @@ batching invariance, preemption and cancellation, for the text families."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import random
 import time
 from pathlib import Path
@@ -179,6 +180,15 @@ def test_submit_after_shutdown_is_refused():
     engine.shutdown()
     with pytest.raises(RuntimeError, match="shut down"):
         engine.generate(["hi"])
+
+
+def test_a_running_engine_collects_young_objects_rarely_and_restores_the_collector():
+    before = gc.get_threshold()
+    with Engine(EngineArgs("tiny-qwen3")) as engine:
+        assert gc.get_threshold()[0] == max(before[0], Engine.GC_YOUNG_THRESHOLD)
+        assert gc.get_freeze_count() > 0
+        assert len(engine.generate(["hi"], max_tokens=3)[0].token_ids) == 3
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
 
 
 def test_a_burst_arriving_at_an_idle_engine_is_prefilled_together():
