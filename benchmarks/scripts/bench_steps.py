@@ -11,6 +11,7 @@ import torch
 import triton.runtime.jit
 
 from omniwalk import cli
+from omniwalk.bench import tts_backends
 from omniwalk.runtime import runtime as runtime_module
 
 steps: list[dict] = []
@@ -51,6 +52,17 @@ def on_collection(phase, info):
         events.append((f"gc{info['generation']}", collection_start[0], time.perf_counter() - collection_start[0]))
 
 
+records = []   # the in-process speech client's records: send and arrival times
+original_send = tts_backends.InProcessSpeechBackend.send
+
+
+async def send(self, request):
+    record = await original_send(self, request)
+    records.append(record)
+    return record
+
+
+tts_backends.InProcessSpeechBackend.send = send
 runtime_module.Runtime._run_batch, runtime_module.Runtime.step = run_batch, step
 triton.runtime.jit.JITFunction._do_compile = do_compile
 gc.callbacks.append(on_collection)
@@ -69,12 +81,25 @@ finally:
         windows_at = next((i for i, s in enumerate(window) if "snac_decoder" in s), None)
         near = [e for e in events if t0 <= e[1] < t1]
         kinds = sorted({e[0] for e in near})
+        # the client's side of the wave: its requests were sent before its first step
+        previous = steps[waves[number - 1]]["start"] if number else float("-inf")
+        sent = [r for r in records if previous < r.send_time <= t0 and r.arrivals]
+        client = ""
+        if sent:
+            s0 = min(r.send_time for r in sent)
+            audio = sorted((r.arrivals[0][0] - s0) * 1e3 for r in sent)
+            own = sorted((r.arrivals[0][0] - r.send_time) * 1e3 for r in sent)
+            done = window[windows_at]["end"] if windows_at is not None else float("nan")
+            client = (f"; sent over {(max(r.send_time for r in sent) - s0) * 1e3:.1f} ms, first step at "
+                      f"{(t0 - s0) * 1e3:.1f}, windows launched by {(done - s0) * 1e3:.1f}, first audio p50 "
+                      f"{audio[len(audio) // 2]:.1f} p90 {audio[int(len(audio) * 0.9)]:.1f}; own TTFA p90 "
+                      f"{own[int(len(own) * 0.9)]:.1f}")
         print(f"wave {number} (step {first}, {len(steps[first:waves[number + 1] if number + 1 < len(waves) else None])} "
               f"steps, {steps[first]['backbone'][0]} requests): prefill {len(prefill)} steps {sum((s['end'] - s['start']) * 1e3 for s in prefill):.1f} ms "
               f"({sum(v[1] for s in prefill for k, v in s.items() if k == 'backbone')} tokens); first 30 steps "
               f"{(t1 - t0) * 1e3:.1f} ms, decode mean {sum(lengths[len(prefill):]) / max(1, len(lengths) - len(prefill)):.2f}"
               f" max {max(lengths[len(prefill):], default=0):.2f}; windows at step {windows_at}; reserved "
-              f"+{(window[-1]['reserved'] - window[0]['reserved']) / 2**20:.0f} MiB; "
-              + ", ".join(f"{k} {sum(1 for e in near if e[0] == k)} ({sum(e[2] for e in near if e[0] == k) * 1e3:.1f} ms)"
-                          for k in kinds), flush=True)
+              f"+{(window[-1]['reserved'] - window[0]['reserved']) / 2**20:.0f} MiB"
+              + ("; " if kinds else "") + ", ".join(f"{k} {sum(1 for e in near if e[0] == k)} ({sum(e[2] for e in near if e[0] == k) * 1e3:.1f} ms)"
+                          for k in kinds) + client, flush=True)
 sys.exit(status)
