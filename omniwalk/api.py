@@ -268,9 +268,10 @@ class Engine:
         # A step holds thousands of short-lived containers at once (at 256 streams: calls,
         # outputs, chunks); at CPython's default the youngest generation is collected
         # several times a step and whatever is alive then is promoted, which sets off
-        # full collections: ~0.3 ms a step and a 25-35 ms pause every few hundred steps
-        # on the H200 host. Requests free their objects by reference counting (the
-        # runtime breaks their one cycle), so rarer young collections cost no memory.
+        # full collections: ~0.3 ms a step, and a 27-34 ms pause in the first 35 steps of
+        # half the 256-request waves measured on the H200 host. Requests free their
+        # objects by reference counting (the runtime breaks their one cycle), so rarer
+        # young collections cost no memory (one still pauses 12-50 ms when it comes).
         self._gc_threshold = gc.get_threshold()
         gc.set_threshold(max(self._gc_threshold[0], self.GC_YOUNG_THRESHOLD), *self._gc_threshold[1:])
         # Output processing (detokenization, stop strings) runs on its own thread, mostly
