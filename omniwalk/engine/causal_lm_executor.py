@@ -199,9 +199,14 @@ class CausalLMExecutor(NodeExecutor):
         decode = self._graph_rows(calls, done)
         in_graph = set(decode)
         eager = [i for i in range(len(calls)) if i not in in_graph]
+        # each decode row's row in the look-ahead step on the GPU, if every one is as guessed
+        lookahead = self.lookahead
+        guessed_rows = (lookahead.rows_for([calls[i] for i in decode], [sequences[i] for i in decode])
+                        if lookahead is not None and decode else None)
         # the step after this one, launched now if this one is the look-ahead step on the GPU
-        early = self._launch_early(calls, sequences) if len(decode) == len(calls) else None
-        next_rows, sampled, device_tokens = self._forward_and_sample(calls, sequences, done, decode, eager)
+        early = self._launch_early(calls, sequences, guessed_rows) if len(decode) == len(calls) else None
+        next_rows, sampled, device_tokens = self._forward_and_sample(calls, sequences, done, decode, eager,
+                                                                     guessed_rows)
 
         # Commit only after everything succeeded: a failed batch is retried call by call.
         self._commit_states([call.stream.handle for call in calls])
@@ -232,15 +237,15 @@ class CausalLMExecutor(NodeExecutor):
                 logger.exception("look-ahead step failed; continuing without it")
         return results
 
-    def _forward_and_sample(self, calls, sequences, done: list[int], decode: list[int], eager: list[int]):
+    def _forward_and_sample(self, calls, sequences, done: list[int], decode: list[int], eager: list[int],
+                            guessed_rows: list[int] | None):
         """The step's samples: (rows that sampled, in the order of the samples: the decode
         rows then the eager ones; (token, logprobs) per row; the ids on the device)."""
         in_graph = set(decode)
         eager_done = [i for i in done if i not in in_graph]
         eager_samples = set(eager_done)
         lookahead, self.lookahead = self.lookahead, None
-        guessed = (lookahead.take([calls[i] for i in decode], [sequences[i] for i in decode])
-                   if lookahead is not None and decode else None)
+        guessed = lookahead.take(guessed_rows) if guessed_rows is not None else None
         if lookahead is not None:
             if guessed is not None:
                 self.lookahead_used += 1
@@ -298,12 +303,12 @@ class CausalLMExecutor(NodeExecutor):
             return needed
         return None
 
-    def _launch_early(self, calls, sequences) -> "_Lookahead | None":
+    def _launch_early(self, calls, sequences, guessed_rows: list[int] | None) -> "_Lookahead | None":
         """The step after this one, launched before this one's ids reach the host (see the
         module docstring: two steps ahead), if this batch is exactly the look-ahead step
-        on the GPU and nothing it needs is on the host alone."""
+        on the GPU (`guessed_rows`: its rows, in order) and nothing it needs is on the host alone."""
         lookahead = self.lookahead
-        if lookahead is None or lookahead.rows_for(calls, sequences) != list(range(len(lookahead.handles))):
+        if lookahead is None or guessed_rows != list(range(len(lookahead.handles))):
             return None
         rows = self._rows_of(calls)
         mask = self.logits_mask
@@ -534,12 +539,8 @@ class _Lookahead:
             rows.append(row)
         return rows
 
-    def take(self, calls, sequences) -> tuple[list[int], torch.Tensor] | None:
-        """The guessed samples for `calls` (on the host and on the device), if every call is
-        exactly what was guessed."""
-        rows = self.rows_for(calls, sequences)
-        if rows is None:
-            return None
+    def take(self, rows: list[int]) -> tuple[list[int], torch.Tensor]:
+        """The guessed samples of these rows (`rows_for`), on the host and on the device."""
         host = self.host_copy.wait()
         if rows == list(range(len(self.handles))):
             return host, self.device_tokens

@@ -160,18 +160,29 @@ class PagedKVCache:
                 self.key_of_page[page] = key
                 self.page_refs[page] = 1
 
+    # The three below run for every row of every step (a decode step needs a new page
+    # once per page_size tokens): plain arithmetic, no calls on the common path.
+
     def pages_needed(self, handle: int, num_tokens: int) -> int:
         """Extra pages `handle` needs to hold `num_tokens` tokens in total."""
-        have = len(self.page_tables.get(handle, ()))
-        return max(0, -(-num_tokens // self.page_size) - have)
+        table = self.page_tables.get(handle)
+        extra = -(-num_tokens // self.page_size) - (len(table) if table else 0)
+        return extra if extra > 0 else 0
 
     def can_reserve(self, handle: int, num_tokens: int) -> bool:
-        return self.allocator.can_allocate(self.pages_needed(handle, num_tokens))
+        table = self.page_tables.get(handle)
+        if table and num_tokens <= len(table) * self.page_size:
+            return True
+        return self.pages_needed(handle, num_tokens) <= self.allocator.num_free
 
     def reserve(self, handle: int, num_tokens: int) -> None:
         """Grow `handle`'s page table so it can hold `num_tokens` tokens."""
+        table = self.page_tables.get(handle)
+        if table is None:
+            table = self.page_tables[handle] = []
+        elif num_tokens <= len(table) * self.page_size:
+            return
         extra = self.pages_needed(handle, num_tokens)
-        table = self.page_tables.setdefault(handle, [])
         if extra:
             table.extend(self.allocator.allocate(extra))
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import operator
 from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -45,6 +46,7 @@ from omniwalk.runtime.request import FinishReason, Request, RequestOutput, Strea
 from omniwalk.runtime.streams import RequestState, StreamState
 
 logger = logging.getLogger(__name__)
+_ADMISSION_ORDER = operator.attrgetter("order")
 
 
 class ServedModel(Protocol):
@@ -186,68 +188,99 @@ class Runtime:
                         self._finish_stream(stream)
                     return
                 continue
-            self._run_until_node(stream)
+            self._run_until_node([stream])
             if stream.pc < len(walk.program):   # at a RunNode
                 self._arrive_at_node(stream, walk.program[stream.pc].node)
                 return
             stream.last_walk, stream.walk = walk.name, None
 
-    def _run_until_node(self, stream: StreamState) -> None:
-        """Run the stream's edge and loop instructions up to its next RunNode or its walk's end."""
-        walk = stream.walk
-        program, handlers = walk.program, self._handlers[walk.name]
-        end = len(program)
-        while stream.pc < end:
-            handler = handlers[stream.pc]
-            if handler is None:   # a RunNode
-                return
-            handler(self, stream, program[stream.pc])   # moves stream.pc on
+    def _run_until_node(self, streams: list[StreamState]) -> None:
+        """Run the streams' edge and loop instructions up to each one's next RunNode or its
+        walk's end. The streams start at one pc of one walk and run each instruction
+        together (a decode batch: every stream at the same place), so an instruction is
+        looked up once per batch, not once per stream; a loop instruction may part them."""
+        groups = [streams]
+        while groups:
+            group = groups.pop()
+            walk = group[0].walk
+            program, handlers = walk.program, self._handlers[walk.name]
+            end, pc = len(program), group[0].pc
+            while pc < end:
+                handler = handlers[pc]
+                if handler is None:   # a RunNode
+                    break
+                parted = handler(self, group, program[pc])   # moves every stream's pc on
+                if parted is not None:   # a loop instruction: [those at one pc, those at another]
+                    group, *rest = parted
+                    groups.extend(rest)
+                pc = group[0].pc
 
-    # Each handler runs one instruction and moves the stream's pc on.
+    # Each handler runs one instruction for streams at one pc and moves their pc on. The
+    # loop instructions return the streams grouped by where they went (non-empty groups).
 
-    def _emit_to_client(self, stream: StreamState, instruction: EmitToClient) -> None:
-        item = stream.env[instruction.value]
-        stream.pc += 1
-        if instruction.value == stream.budgeted_value:   # counted and stop-checked, even if None
-            self._output_for(stream.request_id).add(stream.name, instruction.modality, item)
-            reason = stream.params.stop.check(item, stream.count, stream.params.max_items)
-            stream.count += 1
-            if reason is not None and stream.finish_reason is None:
-                stream.finish_reason = reason
-        elif item is not None:   # None: nothing to send (e.g. logprobs nobody asked for)
-            self._output_for(stream.request_id).add(stream.name, instruction.modality, item)
+    def _emit_to_client(self, streams: list[StreamState], instruction: EmitToClient) -> None:
+        value, modality, outputs = instruction.value, instruction.modality, self.outputs
+        for stream in streams:
+            item = stream.env[value]
+            stream.pc += 1
+            budgeted = value == stream.budgeted_value   # counted and stop-checked, even if None
+            if budgeted or item is not None:   # None: nothing to send (e.g. logprobs nobody asked for)
+                out = outputs.get(stream.request_id)
+                if out is None:
+                    out = outputs[stream.request_id] = RequestOutput(stream.request_id)
+                out.add(stream.name, modality, item)
+            if budgeted:
+                params = stream.params
+                reason = params.stop.check(item, stream.count, params.max_items)
+                stream.count += 1
+                if reason is not None and stream.finish_reason is None:
+                    stream.finish_reason = reason
 
-    def _keep_value(self, stream: StreamState, instruction: KeepValue) -> None:
-        stream.kept[instruction.value] = stream.env[instruction.value]
-        stream.pc += 1
+    def _keep_value(self, streams: list[StreamState], instruction: KeepValue) -> None:
+        value = instruction.value
+        for stream in streams:
+            stream.kept[value] = stream.env[value]
+            stream.pc += 1
 
-    def _push_to_stream(self, stream: StreamState, instruction: PushToStream) -> None:
-        stream.pc += 1
-        is_stop_item = stream.finish_reason == FinishReason.STOP and instruction.value == stream.budgeted_value
-        if not is_stop_item:   # a stop item is counted, never rendered downstream
-            consumer = stream.owner.streams[instruction.stream]
-            consumer.buffer.push([stream.env[instruction.value]])
+    def _push_to_stream(self, streams: list[StreamState], instruction: PushToStream) -> None:
+        value, consumer_name = instruction.value, instruction.stream
+        for stream in streams:
+            stream.pc += 1
+            if stream.finish_reason == FinishReason.STOP and value == stream.budgeted_value:
+                continue   # a stop item is counted, never rendered downstream
+            consumer = stream.owner.streams[consumer_name]
+            consumer.buffer.push([stream.env[value]])
             if consumer.buffer.has_ready:   # waking it for a push that completes no chunk is a no-op
                 self._wake_consumer(consumer)
 
-    def _enter_loop(self, stream: StreamState, instruction: EnterLoop) -> None:
-        stream.loop_counts[instruction.loop] = 0
-        if stream.finish_reason is not None or stream.caps.get(instruction.loop, 1) <= 0:
-            stream.pc = instruction.exit_pc
-        else:
-            stream.pc += 1
+    def _enter_loop(self, streams: list[StreamState], instruction: EnterLoop) -> list[list[StreamState]]:
+        loop, inside, skipped = instruction.loop, [], []
+        for stream in streams:
+            stream.loop_counts[loop] = 0
+            if stream.finish_reason is not None or stream.caps.get(loop, 1) <= 0:
+                stream.pc = instruction.exit_pc
+                skipped.append(stream)
+            else:
+                stream.pc += 1
+                inside.append(stream)
+        return [group for group in (inside, skipped) if group]
 
-    def _loop_back(self, stream: StreamState, instruction: LoopBack) -> None:
-        count = stream.loop_counts[instruction.loop] + 1
-        stream.loop_counts[instruction.loop] = count
-        env = stream.env
-        for output, target in instruction.carry:
-            env[target] = env[output]
-        cap = stream.caps.get(instruction.loop)
-        if stream.finish_reason is None and (cap is None or count < cap):
-            stream.pc = instruction.body_pc
-        else:
-            stream.pc += 1
+    def _loop_back(self, streams: list[StreamState], instruction: LoopBack) -> list[list[StreamState]]:
+        loop, carry, again, done = instruction.loop, instruction.carry, [], []
+        for stream in streams:
+            count = stream.loop_counts[loop] + 1
+            stream.loop_counts[loop] = count
+            env = stream.env
+            for output, target in carry:
+                env[target] = env[output]
+            cap = stream.caps.get(loop)
+            if stream.finish_reason is None and (cap is None or count < cap):
+                stream.pc = instruction.body_pc
+                again.append(stream)
+            else:
+                stream.pc += 1
+                done.append(stream)
+        return [group for group in (again, done) if group]
 
     # what each instruction other than RunNode does to a stream
     _HANDLERS = {EmitToClient: _emit_to_client, KeepValue: _keep_value, PushToStream: _push_to_stream,
@@ -301,13 +334,21 @@ class Runtime:
         executor = self.executors[node]
         budget = self.config.max_num_batched_tokens
         max_batch_size, chunkable = executor.max_batch_size, executor.chunkable
-        work = {stream.handle: executor.pending_work(stream) for stream in streams}
-        streams.sort(key=lambda s: (work[s.handle] > 1, s.order))   # single-unit work (decode steps) first
+        pending_work = executor.pending_work
+        work, single, longer = {}, [], []
+        for stream in streams:   # single-unit work (decode steps) first, each part by admission
+            units = work[stream.handle] = pending_work(stream)
+            (single if units <= 1 else longer).append(stream)
+        single.sort(key=_ADMISSION_ORDER)
+        if longer:
+            longer.sort(key=_ADMISSION_ORDER)
+            single.extend(longer)
         calls: list[NodeCall] = []
-        for stream in streams:
+        for stream in single:
             if len(calls) >= max_batch_size or budget <= 0:
                 break
-            num = min(work[stream.handle], budget) if chunkable else work[stream.handle]
+            units = work[stream.handle]
+            num = min(units, budget) if chunkable else units
             if num > budget and calls:
                 continue
             if not executor.can_reserve(stream, num):
@@ -348,6 +389,7 @@ class Runtime:
                 results = [self._run_alone(executor, call) for call in calls]
         expected = self.graph.nodes[node].outputs
         expected_set = frozenset(expected)
+        done: list[StreamState] = []
         for call, outputs in zip(calls, results):
             stream = call.stream
             if outputs is None or outputs is _FAILED or stream.request_id not in self.running:
@@ -360,23 +402,40 @@ class Runtime:
             env = stream.env
             for name in expected:
                 env[name] = outputs[name]
-            try:
-                self._after_call(stream, node)
-            except Exception as exc:   # the node's prepare of the next call failed
-                self._fail_request(stream, exc, "while advancing")
+            done.append(stream)
+        self._after_calls(node, done)
 
-    def _after_call(self, stream: StreamState, node: str) -> None:
-        """The stream's call at `node` is done: run the edges after it now, and if they lead
-        back to this node (a decode loop), start the next call here; else phase 5 goes on."""
-        node_pc = stream.pc
-        stream.call_inputs = None
-        stream.pc += 1
-        self._run_until_node(stream)
-        if stream.pc == node_pc:   # looped back: it stays in at_node[node], batched next step
-            self._begin_call(stream, stream.walk.program[node_pc].node)
-            return
-        del self.at_node[node][stream.handle]
-        self.dirty[stream.handle] = stream
+    def _after_calls(self, node: str, streams: list[StreamState]) -> None:
+        """These streams' calls at `node` are done: run the edges after it now. A stream
+        they lead back to this node (a decode loop) starts its next call here; the others
+        are left for phase 5."""
+        places: dict[tuple[str, int], list[StreamState]] = {}
+        for stream in streams:
+            stream.call_inputs = None
+            places.setdefault((stream.walk.name, stream.pc), []).append(stream)
+        at_node, dirty = self.at_node[node], self.dirty
+        for (_, node_pc), group in places.items():
+            for stream in group:
+                stream.pc = node_pc + 1
+            try:
+                self._run_until_node(group)
+            except Exception as exc:   # a bug in an edge: its requests fail, the server goes on
+                for stream in group:
+                    if stream.request_id in self.running:
+                        self._fail_request(stream, exc, "in an edge")
+                continue
+            node_here = group[0].walk.program[node_pc].node
+            for stream in group:
+                if stream.is_finished:   # its request failed while this loop ran
+                    continue
+                if stream.pc == node_pc:   # looped back: it stays in at_node[node], batched next step
+                    try:
+                        self._begin_call(stream, node_here)
+                    except Exception as exc:   # the node's prepare of the next call failed
+                        self._fail_request(stream, exc, "while advancing")
+                else:
+                    del at_node[stream.handle]
+                    dirty[stream.handle] = stream
 
     def _run_alone(self, executor: NodeExecutor, call: NodeCall):
         try:
