@@ -49,7 +49,10 @@ if triton is not None:
         h ^= h >> 16
         return h
 
-    @triton.jit
+    # Columns and strides differ between the sampling graphs (captured at load) and eager
+    # sampling (a prefill's rows): unspecialized, one variant serves both, and a server's
+    # first request does not compile another (~0.25-0.4 s).
+    @triton.jit(do_not_specialize=["vocab", "stride_row", "stride_ids_row"])
     def _race_kernel(scaled_ptr, low_ptr, high_ptr, ids_ptr, out_ptr, vocab, stride_row, stride_ids_row,
                      HAS_IDS: tl.constexpr, BLOCK: tl.constexpr):
         row = tl.program_id(0)

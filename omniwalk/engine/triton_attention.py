@@ -21,7 +21,10 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+# The page table's row stride is the eager batch's longest table (any number) or a graph's
+# fixed width: unspecialized, both use the variant compiled at load (specialized, a
+# server's first eager prefill compiled another: ~0.5 s of its first request).
+@triton.jit(do_not_specialize=["stride_table"])
 def _paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
     query_start_ptr, context_lens_ptr, page_table_ptr,
