@@ -259,6 +259,8 @@ class Engine:
         self.last_heartbeat = time.monotonic()
         self.steps = 0
         self._submitted = 0   # requests submitted so far (the loop's burst gathering watches it)
+        if args.startup_warmup if args.startup_warmup is not None else self.loaded.device.type == "cuda":
+            self._warm_up()
         # What exists now (model, tokenizer, imported modules: ~10^5 objects) lives as long
         # as the engine. Frozen, it is not scanned again by the oldest-generation collections
         # that the per-step garbage sets off: each costs milliseconds, every few dozen steps
@@ -284,6 +286,30 @@ class Engine:
         # stop the loop before the interpreter tears down (a daemon thread killed mid-step
         # can abort the process); a weak reference keeps atexit from holding the engine
         atexit.register(_shutdown_if_alive, weakref.ref(self))
+
+    def _warm_up(self) -> None:
+        """Run the model's warm-up requests through the runtime before serving: the Triton
+        variants of an eager prefill and of eager sampling are compiled on first use (~1 s
+        on an H200), which would otherwise be a server's first request's. Leaves no request
+        behind, and the runtime's counters as they were."""
+        make = getattr(self.model, "warmup_requests", None)
+        if make is None:
+            return
+        start = time.perf_counter()
+        requests = make(self.max_model_len)
+        for request in requests:
+            self.runtime.add_request(request)
+        outputs = []
+        while self.runtime.has_unfinished:
+            outputs += self.runtime.step()
+        failed = [out.error for out in outputs if out.finished and out.error]
+        if failed:
+            raise RuntimeError(f"a warm-up request failed: {failed[0]}")
+        runtime = self.runtime
+        runtime.walk_counts.clear()
+        runtime.node_batches.clear()
+        runtime.num_preemptions = 0
+        logger.info("warm-up: %d requests in %.2f s", len(requests), time.perf_counter() - start)
 
     # ------------------------------------------------------------ submitting
 

@@ -49,9 +49,9 @@ if triton is not None:
         h ^= h >> 16
         return h
 
-    # Columns and strides differ between the sampling graphs (captured at load) and eager
-    # sampling (a prefill's rows): unspecialized, one variant serves both, and a server's
-    # first request does not compile another (~0.25-0.4 s).
+    # Columns and strides vary with the batch (a prefill's eager rows, the candidate
+    # table's width): left unspecialized, they do not make Triton compile another variant
+    # (~0.25-0.4 s, in a step) when they stop being multiples of 16.
     @triton.jit(do_not_specialize=["vocab", "stride_row", "stride_ids_row"])
     def _race_kernel(scaled_ptr, low_ptr, high_ptr, ids_ptr, out_ptr, vocab, stride_row, stride_ids_row,
                      HAS_IDS: tl.constexpr, BLOCK: tl.constexpr):

@@ -18,9 +18,11 @@ from omniwalk.engine.causal_lm_executor import CausalLMExecutor
 from omniwalk.engine.cuda_graphs import DecodeGraphs
 from omniwalk.engine.kv_cache import PagedKVCache
 from omniwalk.engine.prefill_graphs import PrefillGraphs
+from omniwalk.engine.sampler import SamplingParams
 from omniwalk.graph import (
     BudgetSpec, Keep, Loop, ModelGraph, Node, Sequential, StreamSpec, StreamView, ToClient, Walk, WalkCall,
 )
+from omniwalk.runtime import Request, StopConfig, StreamParams
 
 TEXT_STREAM = "text"
 
@@ -62,3 +64,24 @@ class TextGenerationModel:
     @staticmethod
     def make_request(token_ids: list[int]) -> Any:
         return TextPrompt(list(token_ids))
+
+    def warmup_requests(self, max_model_len: int) -> list[Request]:
+        """A few sampled requests whose prefill is too big for the prefill graphs (see
+        `Engine` warm-up): what the first real requests would compile, compiled at load."""
+        vocab = self.lm.config.vocab_size
+        prompt_len = max(1, min(WARMUP_PROMPT_TOKENS, max_model_len // 4))
+        budget = max(1, min(8, max_model_len - prompt_len))
+        return [Request(f"warmup-{i}", TextPrompt(warmup_prompt(i, prompt_len, vocab)),
+                        {TEXT_STREAM: StreamParams(budget, StopConfig(ignore_eos=True),
+                                                   SamplingParams(temperature=1.0, top_p=0.9, seed=i), i)})
+                for i in range(WARMUP_REQUESTS)]
+
+
+# Eight prompts of 40 tokens: one eager prefill pass of 320 tokens, beyond the prefill
+# graphs' buckets (7 prompts, 128 tokens), sampled eagerly; then graph-replayed decode steps.
+WARMUP_REQUESTS, WARMUP_PROMPT_TOKENS = 8, 40
+
+
+def warmup_prompt(index: int, length: int, vocab_size: int) -> list[int]:
+    """Distinct ids per request (no shared prefix pages among the warm-up prompts)."""
+    return [(index * 7919 + 31 * j + 1) % vocab_size for j in range(length)]

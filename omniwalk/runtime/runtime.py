@@ -15,8 +15,8 @@ each of its streams then steps through the walks its model's plan chooses. One `
   4. run each batch; a call whose work is complete writes its outputs and runs the
      edges after the node at once. A stream they lead back to the same node (a decode
      loop: emit, loop back, run the node again) starts its next call there and stays
-     put; any other stream is left for phase 5. An exception fails only the requests
-     it belongs to;
+     put; any other stream is left for phase 5. Streams at one place of one walk run
+     each instruction together. An exception fails only the requests it belongs to;
   5. advance the streams that moved, and return this step's outputs per request.
 
 Edges run as soon as the call before them is done: they touch only their stream, its

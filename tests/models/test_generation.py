@@ -14,6 +14,7 @@ import torch
 import transformers
 
 from omniwalk import Engine, EngineArgs, GenerationRequest, SamplingParams
+from omniwalk.engine.causal_lm_executor import CausalLMExecutor
 from omniwalk.loading import load_model
 
 TOKENIZER_DIR = Path(__file__).parents[2] / "omniwalk" / "models" / "assets" / "tiny-tokenizer"
@@ -284,3 +285,33 @@ def test_chunked_prefill_gives_identical_outputs():
         if budget == 8:
             assert batches > 20 + 130 // 8      # the long prompts really took several steps
     assert runs[8] == runs[4096]
+
+
+def test_startup_warmup_leaves_no_trace(monkeypatch):
+    """The warm-up requests (on by default on CUDA) run before serving: afterwards nothing
+    runs or waits, every KV page is free again, the counters are clean, and a seeded
+    sampled request gives what it gives on an engine that did not warm up."""
+    request = dict(max_tokens=12, temperature=1.0, top_p=0.9, seed=5, ignore_eos=True)
+    outputs, batches = {}, []
+    original = CausalLMExecutor.run
+    monkeypatch.setattr(CausalLMExecutor, "run", lambda self, calls: batches.append(len(calls)) or original(self, calls))
+    for warmup in (False, True):
+        batches.clear()
+        with Engine(EngineArgs("tiny-qwen3", startup_warmup=warmup, max_num_batched_tokens=128)) as engine:
+            assert (max(batches, default=0) == 8) == warmup   # eight requests ran, together
+            runtime, cache = engine.runtime, engine.model.cache
+            assert not runtime.running and not runtime.waiting and not runtime.walk_counts
+            assert cache.allocator.num_free == cache.allocator.num_pages and not cache.page_tables
+            outputs[warmup] = engine.generate(["The quick brown fox"], **request)[0].token_ids
+    assert len(outputs[True]) == 12 and outputs[True] == outputs[False]
+
+
+def test_startup_warmup_is_on_by_default_only_on_cuda(monkeypatch):
+    ran = []
+    monkeypatch.setattr(Engine, "_warm_up", lambda self: ran.append(self.loaded.device.type))
+    with Engine(EngineArgs("tiny-qwen3")):
+        pass
+    assert ran == []   # CPU
+    with Engine(EngineArgs("tiny-qwen3", startup_warmup=True)):
+        pass
+    assert ran == ["cpu"]

@@ -25,7 +25,8 @@ from omniwalk.models.orpheus.config import (
     CODES_PER_FRAME, ORPHEUS_3B, TINY_SNAC, TINY_TOKENS, VOICES, samples_per_frame,
 )
 from omniwalk.models.orpheus.model import (
-    HostPCM, OrpheusPrompt, Window, complete_frames, noise_key, orpheus_graph, orpheus_plan, samples_received,
+    HostPCM, OrpheusPrompt, SnacDecoderExecutor, Window, complete_frames, noise_key, orpheus_graph, orpheus_plan,
+    samples_received,
 )
 from omniwalk.models.orpheus.snac import (
     SNAC_24KHZ, SeededNoise, SnacConfig, SnacDecoder, init_random_snac, load_snac_state, torch_global_noise,
@@ -386,6 +387,24 @@ def test_finished_speech_requests_leave_no_garbage_cycles(engine):
         assert [ref() for ref in first if ref() is not None] == []
     finally:
         gc.enable()
+
+
+def test_startup_warmup_decodes_speech_and_changes_no_output(monkeypatch):
+    """Orpheus' warm-up requests sample codes and decode SNAC windows before serving; the
+    engine is then as clean as one that did not warm up: the same audio for a seeded request."""
+    results, windows = {}, []
+    original = SnacDecoderExecutor.run
+    monkeypatch.setattr(SnacDecoderExecutor, "run", lambda self, calls: windows.append(len(calls)) or original(self, calls))
+    for warmup in (False, True):
+        windows.clear()
+        with Engine(EngineArgs("tiny-orpheus", startup_warmup=warmup, max_num_batched_tokens=256)) as engine:
+            # the eight warm-up requests of five frames: windows at codes 28 and 35, then the flush
+            assert sum(windows) == (24 if warmup else 0)
+            assert not engine.runtime.running and not engine.runtime.walk_counts
+            cache = engine.model.cache
+            assert cache.allocator.num_free == cache.allocator.num_pages and not cache.page_tables
+            results[warmup] = synthesize(engine, speech(40, seed=3))
+    assert results[True].pcm == results[False].pcm and len(results[True].pcm) > 0
 
 
 def test_end_of_speech_stops_and_is_never_audio(engine, monkeypatch):

@@ -19,10 +19,11 @@ import time
 from dataclasses import dataclass, field
 
 from omniwalk.engine.sampler import SamplingParams
-from omniwalk.models.orpheus.config import VOICES
+from omniwalk.models.orpheus.config import CODES_PER_FRAME, VOICES
 from omniwalk.models.orpheus.model import (
     AUDIO_STREAM, CODES_STREAM, OrpheusModel, OrpheusPrompt, complete_frames, samples_received,
 )
+from omniwalk.models.text_lm import WARMUP_PROMPT_TOKENS, WARMUP_REQUESTS, warmup_prompt
 from omniwalk.runtime import Request, RequestOutput, StopConfig, StreamParams
 
 __all__ = [
@@ -168,6 +169,22 @@ def submit_speech(engine, request: SpeechRequest, loop: asyncio.AbstractEventLoo
     )
     processor = SpeechOutputProcessor(request_id, len(prompt_ids), model)
     return engine.submit_request(runtime_request, processor, prompt_ids, loop)
+
+
+def warmup_requests(model: OrpheusModel, max_model_len: int) -> list[Request]:
+    """Eight speech requests of five frames (a SNAC window, then the flush) with the default
+    sampling, built as `submit_speech` builds them; their prompts (~40 ids of the text
+    vocabulary each) are prefilled in one eager pass beyond the prefill graphs' buckets."""
+    text_len = max(1, min(WARMUP_PROMPT_TOKENS - 6, max_model_len // 4))
+    budget = max(1, min(5 * CODES_PER_FRAME, max_model_len - text_len - 6))
+    requests = []
+    for i in range(WARMUP_REQUESTS):
+        prompt = model.tokens.prompt_ids(warmup_prompt(i, text_len, model.tokens.base))
+        stop = StopConfig(eos_ids=frozenset({model.tokens.end_of_speech}), ignore_eos=True)
+        requests.append(Request(f"warmup-{i}", OrpheusPrompt(prompt), {
+            CODES_STREAM: StreamParams(budget, stop, SpeechRequest("warm-up").sampling(i), i),
+            AUDIO_STREAM: StreamParams(seed=i)}))
+    return requests
 
 
 def collect_speech(stream) -> SpeechResult:
