@@ -55,7 +55,10 @@ async def split_wave(engine):
     return await asyncio.gather(send(engine, 0, 161), send(engine, 161, 95, 0.03))
 
 
+phase[0] = "engine start (its warm-up requests)"
+start = time.perf_counter()
 engine = Engine(engine_args, loaded=loaded)
+print(f"engine start: {time.perf_counter() - start:.2f} s", flush=True)
 try:
     for name, run in [("warm-up 8", lambda: send(engine, 0, 8)), ("split 161 + 95", lambda: split_wave(engine)),
                       ("wave 256", lambda: send(engine, 0, 256)), ("wave 100", lambda: send(engine, 0, 100))]:
