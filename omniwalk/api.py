@@ -461,16 +461,25 @@ class Engine:
 
     def _loop(self) -> None:
         try:
+            stepped_since_collection = False
             while not self._stopping:
                 self.last_heartbeat = time.monotonic()
                 self._take_commands()
                 if not self.runtime.has_unfinished:
+                    if stepped_since_collection:
+                        # The young and middle generations are collected here, where no
+                        # request waits, instead of at the threshold in the middle of the
+                        # next burst's first steps (a 14-38 ms pause in half of the 256-request
+                        # waves measured on the H200 hosts, inside their time to first audio).
+                        gc.collect(1)
+                        stepped_since_collection = False
                     woken = self._wakeup.wait(timeout=0.5)
                     self._wakeup.clear()
                     if woken:
                         self._gather_burst()
                     continue
                 outputs = self.runtime.step()
+                stepped_since_collection = True
                 if outputs:
                     self._outputs.put(outputs)
                 self.steps += 1

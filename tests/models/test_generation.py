@@ -315,3 +315,20 @@ def test_startup_warmup_is_on_by_default_only_on_cuda(monkeypatch):
     with Engine(EngineArgs("tiny-qwen3", startup_warmup=True)):
         pass
     assert ran == ["cpu"]
+
+
+def test_an_engine_going_idle_collects_the_young_generations_there(monkeypatch):
+    """After steps, an idle loop runs the collector's young and middle generations itself,
+    so the pause falls between bursts rather than at the threshold inside the next one."""
+    collected = []
+    real_collect = gc.collect
+    with Engine(EngineArgs("tiny-qwen3")) as engine:
+        monkeypatch.setattr(gc, "collect", lambda generation=2: collected.append(generation) or real_collect(generation))
+        time.sleep(0.05)
+        assert collected == []   # idle since it started: nothing to collect for
+        assert len(engine.generate(["hi"], max_tokens=3)[0].token_ids) == 3
+        deadline = time.monotonic() + 5
+        while not collected and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.05)
+    assert collected == [1]   # once per idle period, not once per idle wake-up
