@@ -214,13 +214,16 @@ class CausalLMExecutor(NodeExecutor):
             sequence.num_computed += call.num_tokens
             self.cache.register_full_pages(call.stream.handle, sequence.token_ids, sequence.num_computed)
         results: list[dict | None] = [None] * len(calls)
+        # a step launched early already set these tokens in the repetition penalty's mask
+        # (`SeenTokens.mark`): queueing them again would write the same bits
+        seen_tokens = self.seen_tokens if early is None else None
         for index, (token, logprobs) in zip(next_rows, sampled):
             sequence = sequences[index]
             sequence.output_ids.append(token)
             if sequence.history is not None:
                 sequence.history.append(token)
-                if self.seen_tokens is not None:
-                    self.seen_tokens.append(calls[index].stream.handle, token)
+                if seen_tokens is not None:
+                    seen_tokens.append(calls[index].stream.handle, token)
             results[index] = {"token": token, "logprobs": logprobs}
         if early is not None:
             early.input_tokens = [token for token, _ in sampled]
