@@ -296,7 +296,7 @@ class Engine:
         if make is None:
             return
         start = time.perf_counter()
-        requests = make(self.max_model_len)
+        requests = make(self.max_model_len)[: self.runtime.config.max_queue]   # all wait at once
         for request in requests:
             self.runtime.add_request(request)
         outputs = []

@@ -332,3 +332,8 @@ def test_an_engine_going_idle_collects_the_young_generations_there(monkeypatch):
             time.sleep(0.01)
         time.sleep(0.05)
     assert collected == [1]   # once per idle period, not once per idle wake-up
+
+
+def test_startup_warmup_fits_a_small_queue():
+    with Engine(EngineArgs("tiny-qwen3", startup_warmup=True, max_num_seqs=1, max_queue=1)) as engine:
+        assert len(engine.generate(["hi"], max_tokens=2)[0].token_ids) == 2
