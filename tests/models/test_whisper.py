@@ -383,3 +383,22 @@ def test_decode_graph_path_equals_eager_path(monkeypatch):
     assert outputs[True] == outputs[False]
     assert sum(len(ids) for ids in outputs[True]) > 100
     assert len(replays) > 20 and max(replays) > 1       # batched decode steps went through the graphs
+
+
+def test_startup_warmup_transcribes_noise_and_changes_no_output(checkpoint, monkeypatch):
+    """Whisper's warm-up requests (eight seconds of noise: the encoder, language detection,
+    decode steps) leave the engine as clean as one that did not warm up."""
+    from omniwalk.models.whisper.executors import EncoderExecutor
+    folder, _, _ = checkpoint
+    encoded, ids = [], {}
+    original = EncoderExecutor.run
+    monkeypatch.setattr(EncoderExecutor, "run", lambda self, calls: encoded.append(len(calls)) or original(self, calls))
+    for warmup in (False, True):
+        encoded.clear()
+        with Engine(EngineArgs(str(folder), dtype="float32", device="cpu", max_num_seqs=16,
+                               startup_warmup=warmup)) as engine:
+            assert sum(encoded) == (8 if warmup else 0)
+            cache = engine.model.cache
+            assert not engine.runtime.running and cache.allocator.num_free == cache.allocator.num_pages
+            ids[warmup] = transcribe(engine, greedy(CLIPS["sine-3s"], 12)).token_ids
+    assert ids[True] == ids[False] and len(ids[True]) > 0

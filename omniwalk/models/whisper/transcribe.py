@@ -271,6 +271,21 @@ def submit_transcription(engine, request: TranscriptionRequest, loop: asyncio.Ab
     return engine.submit_request(runtime_request, processor, None, loop)
 
 
+def warmup_requests(model: WhisperTranscriptionModel, max_model_len: int) -> list[Request]:
+    """Eight transcriptions of a second of seeded noise each, the language detected (the
+    decoder's first pass on the encoder's output) and eight tokens decoded, built as
+    `submit_transcription` builds them: what the first real requests would compile."""
+    noise = np.random.default_rng(0)
+    prompt = model.generation.forced_prompt(None, "transcribe")
+    budget = max(1, min(8, model.config.max_target_positions - len(prompt)))
+    requests = []
+    for i in range(8):
+        samples = (0.1 * noise.standard_normal(model.sampling_rate)).astype(np.float32)
+        requests.append(Request(f"warmup-{i}", TranscriptionInputs(model.features(samples), prompt),
+                                {TRANSCRIPT_STREAM: StreamParams(budget, StopConfig(), SamplingParams(seed=i), i)}))
+    return requests
+
+
 def collect_transcription(stream) -> TranscriptionResult:
     """Drain a transcription RequestStream into one result (the same text and ids the chunks carry)."""
     texts, ids, last = [], [], None
