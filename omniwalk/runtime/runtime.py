@@ -16,7 +16,8 @@ each of its streams then steps through the walks its model's plan chooses. One `
      edges after the node at once. A stream they lead back to the same node (a decode
      loop: emit, loop back, run the node again) starts its next call there and stays
      put; any other stream is left for phase 5. Streams at one place of one walk run
-     each instruction together. An exception fails only the requests it belongs to;
+     each instruction together; one an instruction raises for leaves the group. An
+     exception fails only the requests it belongs to;
   5. advance the streams that moved, and return this step's outputs per request.
 
 Edges run as soon as the call before them is done: they touch only their stream, its
@@ -87,6 +88,7 @@ class Runtime:
         self.running: dict[str, RequestState] = {}
         self.at_node: dict[str, dict[int, StreamState]] = {name: {} for name in self.graph.nodes}
         self.dirty: dict[int, StreamState] = {}
+        self._edge_failures: list[tuple[StreamState, Exception]] = []   # see _run_until_node
         self.outputs: dict[str, RequestOutput] = {}
         # counters the tests and /metrics read
         self.walk_counts: Counter[str] = Counter()
@@ -188,17 +190,24 @@ class Runtime:
                         self._finish_stream(stream)
                     return
                 continue
-            self._run_until_node([stream])
+            failures = self._run_until_node([stream])
+            if failures:
+                self._fail_request(stream, failures[0][1], "in an edge")
+                return
             if stream.pc < len(walk.program):   # at a RunNode
                 self._arrive_at_node(stream, walk.program[stream.pc].node)
                 return
             stream.last_walk, stream.walk = walk.name, None
 
-    def _run_until_node(self, streams: list[StreamState]) -> None:
+    def _run_until_node(self, streams: list[StreamState]) -> list[tuple[StreamState, Exception]]:
         """Run the streams' edge and loop instructions up to each one's next RunNode or its
         walk's end. The streams start at one pc of one walk and run each instruction
         together (a decode batch: every stream at the same place), so an instruction is
-        looked up once per batch, not once per stream; a loop instruction may part them."""
+        looked up once per batch, not once per stream; a loop instruction may part them.
+
+        A stream an instruction raised for (an item its stop check cannot take) leaves its
+        group there; returned with the exception, for the caller to fail its request."""
+        failures = self._edge_failures = []
         groups = [streams]
         while groups:
             group = groups.pop()
@@ -209,38 +218,52 @@ class Runtime:
                 handler = handlers[pc]
                 if handler is None:   # a RunNode
                     break
+                known = len(failures)
                 parted = handler(self, group, program[pc])   # moves every stream's pc on
+                if len(failures) > known:
+                    gone = {id(stream) for stream, _ in failures}
+                    parted = [kept for part in (parted or [group]) if (kept := [s for s in part if id(s) not in gone])]
+                    if not parted:
+                        break
                 if parted is not None:   # a loop instruction: [those at one pc, those at another]
                     group, *rest = parted
                     groups.extend(rest)
                 pc = group[0].pc
+        return failures
 
-    # Each handler runs one instruction for streams at one pc and moves their pc on. The
-    # loop instructions return the streams grouped by where they went (non-empty groups).
+    # Each handler runs one instruction for streams at one pc and moves their pc on; one
+    # that raises for a stream records it in `_edge_failures` and goes on with the others.
+    # The loop instructions return the streams grouped by where they went (non-empty groups).
 
     def _emit_to_client(self, streams: list[StreamState], instruction: EmitToClient) -> None:
         value, modality, outputs = instruction.value, instruction.modality, self.outputs
         for stream in streams:
-            item = stream.env[value]
-            stream.pc += 1
-            budgeted = value == stream.budgeted_value   # counted and stop-checked, even if None
-            if budgeted or item is not None:   # None: nothing to send (e.g. logprobs nobody asked for)
-                out = outputs.get(stream.request_id)
-                if out is None:
-                    out = outputs[stream.request_id] = RequestOutput(stream.request_id)
-                out.add(stream.name, modality, item)
-            if budgeted:
-                params = stream.params
-                reason = params.stop.check(item, stream.count, params.max_items)
-                stream.count += 1
-                if reason is not None and stream.finish_reason is None:
-                    stream.finish_reason = reason
+            try:
+                item = stream.env[value]
+                stream.pc += 1
+                budgeted = value == stream.budgeted_value   # counted and stop-checked, even if None
+                if budgeted:
+                    params = stream.params
+                    reason = params.stop.check(item, stream.count, params.max_items)
+                    stream.count += 1
+                    if reason is not None and stream.finish_reason is None:
+                        stream.finish_reason = reason
+                if budgeted or item is not None:   # None: nothing to send (e.g. logprobs nobody asked for)
+                    out = outputs.get(stream.request_id)
+                    if out is None:
+                        out = outputs[stream.request_id] = RequestOutput(stream.request_id)
+                    out.add(stream.name, modality, item)
+            except Exception as exc:
+                self._edge_failures.append((stream, exc))
 
     def _keep_value(self, streams: list[StreamState], instruction: KeepValue) -> None:
         value = instruction.value
         for stream in streams:
-            stream.kept[value] = stream.env[value]
-            stream.pc += 1
+            try:
+                stream.kept[value] = stream.env[value]
+                stream.pc += 1
+            except Exception as exc:
+                self._edge_failures.append((stream, exc))
 
     def _push_to_stream(self, streams: list[StreamState], instruction: PushToStream) -> None:
         value, consumer_name = instruction.value, instruction.stream
@@ -248,8 +271,12 @@ class Runtime:
             stream.pc += 1
             if stream.finish_reason == FinishReason.STOP and value == stream.budgeted_value:
                 continue   # a stop item is counted, never rendered downstream
-            consumer = stream.owner.streams[consumer_name]
-            consumer.buffer.push([stream.env[value]])
+            try:
+                consumer = stream.owner.streams[consumer_name]
+                consumer.buffer.push([stream.env[value]])
+            except Exception as exc:
+                self._edge_failures.append((stream, exc))
+                continue
             if consumer.buffer.has_ready:   # waking it for a push that completes no chunk is a no-op
                 self._wake_consumer(consumer)
 
@@ -271,8 +298,12 @@ class Runtime:
             count = stream.loop_counts[loop] + 1
             stream.loop_counts[loop] = count
             env = stream.env
-            for output, target in carry:
-                env[target] = env[output]
+            try:
+                for output, target in carry:
+                    env[target] = env[output]
+            except Exception as exc:   # a value the body did not produce
+                self._edge_failures.append((stream, exc))
+                continue
             cap = stream.caps.get(loop)
             if stream.finish_reason is None and (cap is None or count < cap):
                 stream.pc = instruction.body_pc
@@ -417,13 +448,9 @@ class Runtime:
         for (_, node_pc), group in places.items():
             for stream in group:
                 stream.pc = node_pc + 1
-            try:
-                self._run_until_node(group)
-            except Exception as exc:   # a bug in an edge: its requests fail, the server goes on
-                for stream in group:
-                    if stream.request_id in self.running:
-                        self._fail_request(stream, exc, "in an edge")
-                continue
+            for stream, exc in self._run_until_node(group):
+                if stream.request_id in self.running:
+                    self._fail_request(stream, exc, "in an edge")
             node_here = group[0].walk.program[node_pc].node
             for stream in group:
                 if stream.is_finished:   # its request failed while this loop ran
@@ -447,7 +474,7 @@ class Runtime:
     # ---------------------------------------------------------------- endings
 
     def _fail_request(self, stream: StreamState, exc: Exception, where: str) -> None:
-        logger.exception("request %s failed %s", stream.request_id, where)
+        logger.error("request %s failed %s", stream.request_id, where, exc_info=exc)
         self._end_request(stream.owner, FinishReason.ERROR, error=f"{type(exc).__name__}: {exc}")
 
     def _finish_stream(self, stream: StreamState) -> None:

@@ -110,3 +110,30 @@ def test_a_finished_request_is_freed_by_reference_counting():
         assert state() is None and stream() is None
     finally:
         gc.enable()
+
+
+def test_streams_at_one_place_part_at_the_loop_and_an_edge_error_fails_only_its_requests():
+    """Decode rows at the same instruction run the edges together; where their loops part
+    (one stops, one hits its cap, one goes on) each goes its way, and a batch mixing
+    prefill and decode rows runs each place's edges. An item the stop check cannot take
+    (a list where a token id belongs) fails its requests, not the runtime."""
+    def token_or_list(state, inputs):
+        return {"tok": [0] if inputs["x"] == 1000 else inputs["x"] + 1}
+
+    runtime = Runtime(ToyDecoder(FunctionExecutor(token_or_list)), SchedulerConfig(max_num_seqs=8))
+    runtime.add_request(Request("stops", 0, {"main": StreamParams(10, StopConfig(stop_ids=frozenset({2})))}))
+    runtime.add_request(Request("capped", 10, {"main": StreamParams(3)}))
+    runtime.add_request(Request("runs", 20, {"main": StreamParams(5)}))
+    first = runtime.step()   # the three prefills: one place
+    runtime.add_request(Request("late", 30, {"main": StreamParams(2)}))
+    runtime.add_request(Request("bad", 999, {"main": StreamParams(4)}))   # its decode emits a list
+    outputs = first + [out for _ in range(10) for out in runtime.step()]
+    items: dict[str, list] = {}
+    for out in outputs:
+        items.setdefault(out.request_id, []).extend(out.items.get(("main", "main"), []))
+    finals = {out.request_id: out for out in outputs if out.finished}
+    assert items == {"stops": [1, 2], "capped": [11, 12, 13], "runs": [21, 22, 23, 24, 25], "late": [31, 32],
+                     "bad": [1000]}   # the list is not emitted
+    assert {rid: out.finish_reason for rid, out in finals.items()} == {
+        "stops": "stop", "capped": "length", "runs": "length", "late": "length", "bad": "error"}
+    assert "TypeError" in finals["bad"].error and not runtime.has_unfinished
