@@ -287,14 +287,12 @@ def test_chunked_prefill_gives_identical_outputs():
     assert runs[8] == runs[4096]
 
 
-def test_startup_warmup_leaves_no_trace(monkeypatch):
+def test_startup_warmup_leaves_no_trace(record_batch_sizes):
     """The warm-up requests (on by default on CUDA) run before serving: afterwards nothing
     runs or waits, every KV page is free again, the counters are clean, and a seeded
     sampled request gives what it gives on an engine that did not warm up."""
     request = dict(max_tokens=12, temperature=1.0, top_p=0.9, seed=5, ignore_eos=True)
-    outputs, batches = {}, []
-    original = CausalLMExecutor.run
-    monkeypatch.setattr(CausalLMExecutor, "run", lambda self, calls: batches.append(len(calls)) or original(self, calls))
+    outputs, batches = {}, record_batch_sizes(CausalLMExecutor)
     for warmup in (False, True):
         batches.clear()
         with Engine(EngineArgs("tiny-qwen3", startup_warmup=warmup, max_num_batched_tokens=128)) as engine:

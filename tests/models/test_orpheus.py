@@ -389,12 +389,10 @@ def test_finished_speech_requests_leave_no_garbage_cycles(engine):
         gc.enable()
 
 
-def test_startup_warmup_decodes_speech_and_changes_no_output(monkeypatch):
+def test_startup_warmup_decodes_speech_and_changes_no_output(record_batch_sizes):
     """Orpheus' warm-up requests sample codes and decode SNAC windows before serving; the
     engine is then as clean as one that did not warm up: the same audio for a seeded request."""
-    results, windows = {}, []
-    original = SnacDecoderExecutor.run
-    monkeypatch.setattr(SnacDecoderExecutor, "run", lambda self, calls: windows.append(len(calls)) or original(self, calls))
+    results, windows = {}, record_batch_sizes(SnacDecoderExecutor)
     for warmup in (False, True):
         windows.clear()
         with Engine(EngineArgs("tiny-orpheus", startup_warmup=warmup, max_num_batched_tokens=256)) as engine:

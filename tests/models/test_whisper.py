@@ -385,14 +385,12 @@ def test_decode_graph_path_equals_eager_path(monkeypatch):
     assert len(replays) > 20 and max(replays) > 1       # batched decode steps went through the graphs
 
 
-def test_startup_warmup_transcribes_noise_and_changes_no_output(checkpoint, monkeypatch):
+def test_startup_warmup_transcribes_noise_and_changes_no_output(checkpoint, record_batch_sizes):
     """Whisper's warm-up requests (eight seconds of noise: the encoder, language detection,
     decode steps) leave the engine as clean as one that did not warm up."""
     from omniwalk.models.whisper.executors import EncoderExecutor
     folder, _, _ = checkpoint
-    encoded, ids = [], {}
-    original = EncoderExecutor.run
-    monkeypatch.setattr(EncoderExecutor, "run", lambda self, calls: encoded.append(len(calls)) or original(self, calls))
+    encoded, ids = record_batch_sizes(EncoderExecutor), {}
     for warmup in (False, True):
         encoded.clear()
         with Engine(EngineArgs(str(folder), dtype="float32", device="cpu", max_num_seqs=16,
