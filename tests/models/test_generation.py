@@ -287,19 +287,22 @@ def test_chunked_prefill_gives_identical_outputs():
     assert runs[8] == runs[4096]
 
 
-def test_startup_warmup_leaves_no_trace(record_batch_sizes):
+@pytest.mark.parametrize("model", ["tiny-qwen3", "tiny-qwen3_5"])
+def test_startup_warmup_leaves_no_trace(record_batch_sizes, model):
     """The warm-up requests (on by default on CUDA) run before serving: afterwards nothing
-    runs or waits, every KV page is free again, the counters are clean, and a seeded
-    sampled request gives what it gives on an engine that did not warm up."""
+    runs or waits, every KV page (and recurrent-state slot) is free again, the counters are
+    clean, and a seeded sampled request gives what it gives on an engine that did not warm up."""
     request = dict(max_tokens=12, temperature=1.0, top_p=0.9, seed=5, ignore_eos=True)
     outputs, batches = {}, record_batch_sizes(CausalLMExecutor)
     for warmup in (False, True):
         batches.clear()
-        with Engine(EngineArgs("tiny-qwen3", startup_warmup=warmup, max_num_batched_tokens=128)) as engine:
+        with Engine(EngineArgs(model, startup_warmup=warmup, max_num_batched_tokens=128)) as engine:
             assert (max(batches, default=0) == 8) == warmup   # eight requests ran, together
             runtime, cache = engine.runtime, engine.model.cache
             assert not runtime.running and not runtime.waiting and not runtime.walk_counts
             assert cache.allocator.num_free == cache.allocator.num_pages and not cache.page_tables
+            pool = getattr(runtime.executors["backbone"], "state_pool", None)
+            assert pool is None or pool.num_free == pool.num_slots
             outputs[warmup] = engine.generate(["The quick brown fox"], **request)[0].token_ids
     assert len(outputs[True]) == 12 and outputs[True] == outputs[False]
 
