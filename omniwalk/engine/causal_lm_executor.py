@@ -210,9 +210,12 @@ class CausalLMExecutor(NodeExecutor):
 
         # Commit only after everything succeeded: a failed batch is retried call by call.
         self._commit_states([call.stream.handle for call in calls])
+        size = self.cache.page_size
         for call, sequence in zip(calls, sequences):
-            sequence.num_computed += call.num_tokens
-            self.cache.register_full_pages(call.stream.handle, sequence.token_ids, sequence.num_computed)
+            before = sequence.num_computed
+            sequence.num_computed = before + call.num_tokens
+            if sequence.num_computed // size > before // size:   # a page filled (a decode row: 1 step in 16)
+                self.cache.register_full_pages(call.stream.handle, sequence.token_ids, sequence.num_computed)
         results: list[dict | None] = [None] * len(calls)
         # a step launched early already set these tokens in the repetition penalty's mask
         # (`SeenTokens.mark`): queueing them again would write the same bits
