@@ -31,6 +31,7 @@ class RunNode:
 class EmitToClient:
     value: str
     modality: str
+    deferred: bool = False   # see ToClient
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ def compile_walk(walk: Walk) -> CompiledWalk:
         if isinstance(element, Node):
             program.append(RunNode(element))
         elif isinstance(element, ToClient):
-            program.append(EmitToClient(element.value, element.modality))
+            program.append(EmitToClient(element.value, element.modality, element.deferred))
         elif isinstance(element, Keep):
             program.append(KeepValue(element.value))
         elif isinstance(element, ToStream):

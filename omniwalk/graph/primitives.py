@@ -43,10 +43,17 @@ class Node:
 
 @dataclass(frozen=True)
 class ToClient:
-    """Edge: every value written to `value` goes to the client as `modality`."""
+    """Edge: every value written to `value` goes to the client as `modality`.
+
+    `deferred`: the client needs these items only together with its request's next
+    undeferred item or final record (Orpheus: the codes ride with the next audio chunk).
+    They are counted and stop-checked when emitted, as any budgeted item, and handed over
+    in order with the next output the request has anyway: a step where only deferred items
+    were emitted builds no output for that request and wakes no output thread."""
 
     value: str
     modality: str
+    deferred: bool = False
 
 
 @dataclass(frozen=True)

@@ -236,7 +236,7 @@ class Runtime:
     # The loop instructions return the streams grouped by where they went (non-empty groups).
 
     def _emit_to_client(self, streams: list[StreamState], instruction: EmitToClient) -> None:
-        value, modality, outputs = instruction.value, instruction.modality, self.outputs
+        value, modality, deferred, outputs = instruction.value, instruction.modality, instruction.deferred, self.outputs
         for stream in streams:
             try:
                 item = stream.env[value]
@@ -250,9 +250,12 @@ class Runtime:
                         stream.finish_reason = reason
                 if budgeted or item is not None:   # None: nothing to send (e.g. logprobs nobody asked for)
                     out = outputs.get(stream.request_id)
-                    if out is None:
-                        out = outputs[stream.request_id] = RequestOutput(stream.request_id)
-                    out.add(stream.name, modality, item)
+                    if out is not None:
+                        out.add(stream.name, modality, item)
+                    elif deferred:   # rides with the request's next output
+                        stream.owner.held.append((stream.name, modality, item))
+                    else:
+                        self._output_for(stream.request_id, stream.owner.held).add(stream.name, modality, item)
             except Exception as exc:
                 self._edge_failures.append((stream, exc))
 
@@ -504,7 +507,7 @@ class Runtime:
             if not stream.is_finished:
                 stream.is_finished = True
                 stream.finish_reason = reason or stream.finish_reason
-        out = self._output_for(state.request_id)
+        out = self._output_for(state.request_id, state.held)
         out.finished = True
         out.error = error
         out.stream_finish_reasons = {name: s.finish_reason or reason for name, s in state.streams.items()}
@@ -522,10 +525,16 @@ class Runtime:
                 return state.streams[name].finish_reason
         return state.streams[self.graph.entry_streams[0]].finish_reason
 
-    def _output_for(self, request_id: str) -> RequestOutput:
+    def _output_for(self, request_id: str, held: list | None = None) -> RequestOutput:
+        """This step's output of a request; `held`: the items its deferred edges held back
+        (`RequestState.held`), handed over first."""
         out = self.outputs.get(request_id)
         if out is None:
             out = self.outputs[request_id] = RequestOutput(request_id)
+        if held:
+            for stream_name, modality, item in held:
+                out.add(stream_name, modality, item)
+            held.clear()
         return out
 
 

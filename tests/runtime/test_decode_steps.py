@@ -16,9 +16,10 @@ LM = Node("lm", inputs=("x",), outputs=("tok",), stateful=True)
 class ToyDecoder:
     """prefill: lm -> tok (first item); decode: Loop [lm -> tok], the shape of text_lm."""
 
-    def __init__(self, executor: NodeExecutor):
-        prefill = Walk("prefill", ("x",), Sequential(LM, ToClient("tok", "main"), Keep("tok")))
-        decode = Walk("decode", ("x",), Loop("decode", Sequential(LM, ToClient("tok", "main")), carry={"tok": "x"}))
+    def __init__(self, executor: NodeExecutor, deferred: bool = False):
+        emit = ToClient("tok", "main", deferred=deferred)
+        prefill = Walk("prefill", ("x",), Sequential(LM, emit, Keep("tok")))
+        decode = Walk("decode", ("x",), Loop("decode", Sequential(LM, emit), carry={"tok": "x"}))
         self.graph = ModelGraph([prefill, decode], [StreamSpec("main", BudgetSpec("tok", loop="decode"))])
         self.executors = {"lm": executor}
 
@@ -60,6 +61,26 @@ def test_a_stop_ends_the_loop_in_the_step_it_is_emitted():
     assert [step.get("stops") for step in steps] == [[1], [2], [3], None]
     assert [step.get("runs") for step in steps] == [[101], [102], [103], [104]]
     assert runtime.node_batches["lm"] == 4
+
+
+def test_deferred_items_are_counted_when_emitted_and_ride_with_the_final_record():
+    runtime = Runtime(ToyDecoder(FunctionExecutor(next_token), deferred=True), SchedulerConfig(max_num_seqs=4))
+    runtime.add_request(Request("stops", 0, {"main": StreamParams(10, StopConfig(stop_ids=frozenset({3})))}))
+    runtime.add_request(Request("runs", 100, {"main": StreamParams(4)}))
+    runtime.add_request(Request("aborted", 200, {"main": StreamParams(10)}))
+    outputs = []
+    while runtime.has_unfinished:
+        if len(outputs) == 2:
+            runtime.abort("aborted")
+        outputs.append({out.request_id: out for out in runtime.step()})
+    # no output at all in a step that emitted deferred items alone; the stop still ends
+    # its request in the step it is emitted, and the budget counts every held item
+    assert [sorted(step) for step in outputs] == [[], [], ["aborted", "stops"], ["runs"]]
+    stops, aborted, runs = outputs[2]["stops"], outputs[2]["aborted"], outputs[3]["runs"]
+    assert (stops.items, stops.finish_reason, stops.usage) == ({("main", "main"): [1, 2, 3]}, "stop", {"main": 3})
+    assert (aborted.items, aborted.finish_reason) == ({("main", "main"): [201, 202]}, "abort")
+    assert (runs.items, runs.finish_reason, runs.usage) == ({("main", "main"): [101, 102, 103, 104]}, "length",
+                                                            {"main": 4})
 
 
 class LoggingExecutor(FunctionExecutor):

@@ -72,10 +72,10 @@ def random_toy_model(draw, st, fail_on: int | None = None, max_batch_size: int |
     push = (ToStream("tok", "sink"),) if with_consumer else ()
     prefill_chain = build_chain(draw, st, "p", "x", "tok", nodes)
     decode_chain = build_chain(draw, st, "d", "x", "tok", nodes)
+    emit = ToClient("tok", "main", deferred=draw(st.booleans()))   # deferred: the items come later, in order
     walks = [
-        Walk("prefill", ("x",), Sequential(prefill_chain, ToClient("tok", "main"), *push, Keep("tok"))),
-        Walk("decode", ("x",), Loop("decode", Sequential(decode_chain, ToClient("tok", "main"), *push),
-                                    carry={"tok": "x"})),
+        Walk("prefill", ("x",), Sequential(prefill_chain, emit, *push, Keep("tok"))),
+        Walk("decode", ("x",), Loop("decode", Sequential(decode_chain, emit, *push), carry={"tok": "x"})),
     ]
     streams = [StreamSpec("main", BudgetSpec("tok", "decode"))]
     edges = []

@@ -1,8 +1,9 @@
 """Orpheus as a walk graph: a Llama backbone emits audio-code tokens on stream "codes";
 a stream edge feeds them to SNAC on stream "audio", which sends PCM to the client.
+The codes go to the client deferred: with the next audio chunk (or the final record).
 
     codes stream (budgeted: max_output_tokens counts these tokens; stop: end_of_speech)
-      prefill:  backbone(prompt) -> token   ToClient("codes"), ToStream("audio"), Keep
+      prefill:  backbone(prompt) -> token   ToClient("codes", deferred), ToStream("audio"), Keep
       decode:   Loop "decode" [ backbone(token) -> token  ToClient, ToStream ]   (cap N - 1)
                       |
                       |  StreamEdge(codes -> audio, SlidingWindow(window=28, stride=7))
@@ -75,7 +76,8 @@ SNAC_DECODER = Node("snac_decoder", inputs=("window", "emit"), outputs=("pcm",))
 
 
 def orpheus_graph() -> ModelGraph:
-    emit = (ToClient("token", "codes"), ToStream("token", AUDIO_STREAM))   # counted, then pushed
+    # counted, then pushed; the client gets the codes with the next audio chunk
+    emit = (ToClient("token", "codes", deferred=True), ToStream("token", AUDIO_STREAM))
     prefill = Walk("prefill", ("tokens",), Sequential(BACKBONE, *emit, Keep("token")))
     decode = Walk("decode", ("tokens",), Loop("decode", Sequential(BACKBONE, *emit), carry={"token": "tokens"}))
     vocode = Walk("vocode", ("window", "emit"), Sequential(SNAC_DECODER, ToClient("pcm", "audio"), Keep("window")))
