@@ -41,6 +41,7 @@ SamplingGraphs): a step is staged while the one before may still wait for its co
 from __future__ import annotations
 
 import logging
+import operator
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -59,6 +60,7 @@ from omniwalk.layers.fused_ops import triton
 from omniwalk.runtime.executor import NodeCall, NodeExecutor
 
 logger = logging.getLogger(__name__)
+_STREAM_OF = operator.attrgetter("stream")
 
 
 class TokenHistory:
@@ -494,10 +496,13 @@ class CausalLMExecutor(NodeExecutor):
 
     def _rows_of(self, calls: list[NodeCall]) -> "_BatchRows":
         rows = self._batch_rows
+        if rows is not None and rows.calls is calls:   # asked again within one step
+            return rows
         if rows is None or not rows.matches(calls):
             params = [call.stream.params.sampling for call in calls]
             rows = self._batch_rows = _BatchRows(calls, [self.sequences[call.stream.handle] for call in calls],
                                                  self.sampler.rows_for(params, self.device))
+        rows.calls = calls
         return rows
 
 
@@ -507,6 +512,7 @@ class _BatchRows:
     a step at 256 rows)."""
 
     def __init__(self, calls: list[NodeCall], sequences: list[SequenceState], settings: RowSettings):
+        self.calls = calls   # the batch it was last matched with
         self.streams = [call.stream for call in calls]
         self.handles = [stream.handle for stream in self.streams]
         self.params = settings.params
@@ -518,8 +524,8 @@ class _BatchRows:
         self.no_histories = [np.empty(0, dtype=np.int64)] * len(calls)
 
     def matches(self, calls: list[NodeCall]) -> bool:
-        return len(calls) == len(self.streams) and all(
-            call.stream is stream for call, stream in zip(calls, self.streams))
+        # StreamState compares by identity: one C-level list comparison
+        return len(calls) == len(self.streams) and list(map(_STREAM_OF, calls)) == self.streams
 
 
 @dataclass
