@@ -34,7 +34,8 @@ loaded = load_model(EngineArgs("benchmarks/orpheus-3b" if cuda else "tiny-orpheu
                                load_format="dummy" if cuda else "auto", max_num_seqs=count, max_model_len=2048,
                                quantization=os.environ.get("ORPHEUS_QUANTIZATION")))
 model = loaded.served
-engine_stub = type("E", (), {"tokenizer": loaded.tokenizer, "model": model})()
+engine_stub = type("E", (), {"tokenizer": loaded.tokenizer, "model": model,
+                              "encode": lambda self, text, what: loaded.tokenizer.encode(text)})()
 sync = torch.cuda.synchronize if cuda else (lambda: None)
 
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 import itertools
 import logging
 import operator
-from collections import Counter, deque
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -84,7 +84,7 @@ class Runtime:
         if missing:
             raise ValueError(f"no executor for node(s) {sorted(missing)}")
         self.config = config
-        self.waiting: deque[Request] = deque()
+        self.waiting: dict[str, Request] = {}   # by id, in arrival order
         self.running: dict[str, RequestState] = {}
         self.at_node: dict[str, dict[int, StreamState]] = {name: {} for name in self.graph.nodes}
         self.dirty: dict[int, StreamState] = {}
@@ -104,7 +104,7 @@ class Runtime:
     # ---------------------------------------------------------------- public API
 
     def add_request(self, request: Request) -> None:
-        if request.request_id in self.running or any(r.request_id == request.request_id for r in self.waiting):
+        if request.request_id in self.running or request.request_id in self.waiting:
             raise ValueError(f"duplicate request id {request.request_id!r}")
         for name, spec in self.graph.streams.items():
             params = request.streams.get(name)
@@ -115,16 +115,14 @@ class Runtime:
             raise ValueError(f"unknown stream(s) {sorted(unknown)}")
         if len(self.waiting) >= self.config.max_queue:
             raise QueueFullError(f"{len(self.waiting)} requests already waiting (max_queue)")
-        self.waiting.append(request)
+        self.waiting[request.request_id] = request
 
     def abort(self, request_id: str) -> bool:
         """Cancel a request wherever it is; frees everything it holds. False if unknown."""
-        for request in self.waiting:
-            if request.request_id == request_id:
-                self.waiting.remove(request)
-                out = self._output_for(request_id)
-                out.finished, out.finish_reason = True, FinishReason.ABORT
-                return True
+        if self.waiting.pop(request_id, None) is not None:
+            out = self._output_for(request_id)
+            out.finished, out.finish_reason = True, FinishReason.ABORT
+            return True
         state = self.running.get(request_id)
         if state is None:
             return False
@@ -151,7 +149,7 @@ class Runtime:
 
     def _admit_waiting(self) -> None:
         while self.waiting and len(self.running) < self.config.max_num_seqs:
-            request = self.waiting.popleft()
+            request = self.waiting.pop(next(iter(self.waiting)))
             state = RequestState(request, next(self._orders))
             for name, spec in self.graph.streams.items():
                 params = request.streams.get(name, StreamParams())
