@@ -7,9 +7,9 @@ each of its streams then steps through the walks its model's plan chooses. One `
   2. advance every stream that can move without running a node: edges to the client,
      keeps, pushes into other streams' buffers, loop control, and at a walk's end the
      plan's choice of the next walk. A stream stops at the next node it must run;
-  3. for every node with streams waiting at it, form one batch: single-unit work
-     (decode steps) first, then by admission order, within the node's token budget and
-     batch size. Prefill work is chunked where the node allows it, so one batch mixes
+  3. for every node with streams waiting at it (later stages first), form one batch:
+     single-unit work (decode steps) first, then by admission order, within the node's
+     token budget and batch size. Prefill work is chunked where the node allows it, so one batch mixes
      prefill chunks and decode steps. A running stream whose resources do not fit
      preempts the youngest stream holding state on that node (its work is recomputed);
   4. run each batch; a call whose work is complete writes its outputs and runs the
@@ -86,7 +86,12 @@ class Runtime:
         self.config = config
         self.waiting: dict[str, Request] = {}   # by id, in arrival order
         self.running: dict[str, RequestState] = {}
-        self.at_node: dict[str, dict[int, StreamState]] = {name: {} for name in self.graph.nodes}
+        # A step runs the nodes' batches later stages first (the reverse of their order in
+        # the walks), so the work nearest the client is queued on the GPU first: an Orpheus
+        # step launches its SNAC windows before the backbone's next decode step, and the
+        # audio does not wait behind it. The order changes no batch (a stream reaches
+        # another node only in phase 5).
+        self.at_node: dict[str, dict[int, StreamState]] = {name: {} for name in reversed(self.graph.nodes)}
         self.dirty: dict[int, StreamState] = {}
         self._edge_failures: list[tuple[StreamState, Exception]] = []   # see _run_until_node
         self.outputs: dict[str, RequestOutput] = {}
@@ -251,7 +256,7 @@ class Runtime:
                     if out is not None:
                         out.add(stream.name, modality, item)
                     elif deferred:   # rides with the request's next output
-                        stream.owner.held.append((stream.name, modality, item))
+                        stream.owner.held.setdefault((stream.name, modality), []).append(item)
                     else:
                         self._output_for(stream.request_id, stream.owner.held).add(stream.name, modality, item)
             except Exception as exc:
@@ -523,15 +528,15 @@ class Runtime:
                 return state.streams[name].finish_reason
         return state.streams[self.graph.entry_streams[0]].finish_reason
 
-    def _output_for(self, request_id: str, held: list | None = None) -> RequestOutput:
+    def _output_for(self, request_id: str, held: dict | None = None) -> RequestOutput:
         """This step's output of a request; `held`: the items its deferred edges held back
         (`RequestState.held`), handed over first."""
         out = self.outputs.get(request_id)
         if out is None:
             out = self.outputs[request_id] = RequestOutput(request_id)
         if held:
-            for stream_name, modality, item in held:
-                out.add(stream_name, modality, item)
+            for key, items in held.items():
+                out.items.setdefault(key, []).extend(items)
             held.clear()
         return out
 

@@ -16,8 +16,8 @@ class RequestState:
     request: Request
     order: int                                  # admission order: lower runs first
     streams: dict[str, "StreamState"] = field(default_factory=dict)
-    # (stream, modality, item) emitted by deferred edges since its last output (see ToClient)
-    held: list[tuple[str, str, Any]] = field(default_factory=list)
+    # (stream, modality) -> items emitted by deferred edges since its last output (see ToClient)
+    held: dict[tuple[str, str], list[Any]] = field(default_factory=dict)
 
     @property
     def request_id(self) -> str:

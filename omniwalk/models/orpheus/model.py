@@ -218,12 +218,15 @@ class HostPCM:
     def __init__(self, samples: torch.Tensor, copied: "torch.cuda.Event | None"):
         self.samples = samples      # [rows, samples]
         self.copied = copied        # recorded after the copy (None: already on the host)
+        self._array: np.ndarray | None = None
 
     def rows(self) -> np.ndarray:
-        if self.copied is not None:
-            self.copied.synchronize()   # releases the GIL while it waits
-            self.copied = None
-        return self.samples.numpy()
+        if self._array is None:   # once per forward, not once per row
+            if self.copied is not None:
+                self.copied.synchronize()   # releases the GIL while it waits
+                self.copied = None
+            self._array = self.samples.numpy()
+        return self._array
 
 
 @dataclass(frozen=True)

@@ -109,12 +109,12 @@ class SpeechOutputProcessor:
         self.unsent_ids: list[int] = []
 
     def process(self, out: RequestOutput) -> SpeechChunk | None:
-        """A chunk when there is audio (or the end); codes sampled in between ride along
-        with the next one (six steps of seven bring codes alone: not worth a client wake-up)."""
-        ids = list(out.items.get((CODES_STREAM, "codes"), []))
+        """A chunk when there is audio (or the end). The codes come deferred (the graph's
+        `ToClient(..., deferred=True)`): with the audio chunk that follows them, or the end."""
+        ids = out.items.get((CODES_STREAM, "codes"), [])
         pcm = b"".join(piece.tobytes() for piece in out.items.get((AUDIO_STREAM, "audio"), []))
         self.num_ids += len(ids)
-        self.num_codes += sum(1 for t in ids if t != self.model.tokens.end_of_speech)
+        self.num_codes += len(ids) - ids.count(self.model.tokens.end_of_speech)
         self.num_samples += len(pcm) // 2
         self.unsent_ids += ids
         if not pcm and not out.finished:
