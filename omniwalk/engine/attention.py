@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from omniwalk.engine.kv_cache import PagedKVCache
+from omniwalk.layers.fused_ops import QKRotary, norm_rotary_into_cache
 
 
 @dataclass
@@ -57,12 +58,18 @@ class PagedAttention:
         key: torch.Tensor,     # [num_tokens, num_kv_heads, head_dim]
         value: torch.Tensor,   # [num_tokens, num_kv_heads, head_dim]
         scale: float,
+        rotary: QKRotary | None = None,
     ) -> torch.Tensor:         # [num_tokens, num_heads, head_dim]
+        """`rotary`: normalize and rotate query and key first (`fused_ops.norm_rotary`); on
+        CUDA one kernel does that and the cache write."""
         meta = self.metadata
         key_pool = self.cache.keys[layer_index]
         value_pool = self.cache.values[layer_index]
-        key_pool.index_copy_(0, meta.slot_mapping, key.to(key_pool.dtype))
-        value_pool.index_copy_(0, meta.slot_mapping, value.to(value_pool.dtype))
+        if rotary is not None:
+            query = norm_rotary_into_cache(query, key, value, rotary, key_pool, value_pool, meta.slot_mapping)
+        else:
+            key_pool.index_copy_(0, meta.slot_mapping, key.to(key_pool.dtype))
+            value_pool.index_copy_(0, meta.slot_mapping, value.to(value_pool.dtype))
         if self.use_triton:
             from omniwalk.engine.triton_attention import paged_attention
 

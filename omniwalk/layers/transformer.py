@@ -19,7 +19,7 @@ from omniwalk.engine.attention import PagedAttention
 from omniwalk.layers.config import DecoderConfig
 from omniwalk.layers.mlp import GatedMLP
 from omniwalk.layers.norm import RMSNorm
-from omniwalk.layers.fused_ops import norm_rotary
+from omniwalk.layers.fused_ops import QKRotary
 from omniwalk.layers.rotary import RotaryEmbedding
 
 
@@ -61,10 +61,10 @@ class DecoderAttention(nn.Module):
         q = q.view(num_tokens, self.num_heads, self.head_dim)          # strided views of one buffer
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        # Qwen3 normalizes each head before the rotation; one kernel for both on CUDA
-        q = norm_rotary(q, self.q_norm.weight if self.q_norm else None, self.q_norm.eps if self.q_norm else 0.0, cos, sin)
-        k = norm_rotary(k, self.k_norm.weight if self.k_norm else None, self.k_norm.eps if self.k_norm else 0.0, cos, sin)
-        out = attention.forward(self.layer_index, q, k, v, self.scale)  # [num_tokens, heads, head_dim]
+        # Qwen3 normalizes each head before the rotation; on CUDA one kernel normalizes and
+        # rotates q and k and writes k and v into the cache
+        norms = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.q_norm else (None, None, 0.0)
+        out = attention.forward(self.layer_index, q, k, v, self.scale, QKRotary(cos, sin, *norms))   # [num_tokens, heads, head_dim]
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
 
 

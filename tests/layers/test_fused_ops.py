@@ -77,6 +77,43 @@ def test_norm_rotary(force_triton, with_norm, zero_centered, rotary_fraction, dt
     assert_close(got, expected)
 
 
+def rotary_into_cache_case(dtype, with_norm, zero_centered, rotary_fraction, device="cpu"):
+    """Arguments of `norm_rotary_into_cache` (q, k, v strided views of one projection) and
+    what the unfused ops give: (args, expected query, expected key pool, expected value pool)."""
+    torch.manual_seed(4)
+    tokens, heads, kv_heads, head_dim = 3, 4, 2, 32
+    on = dict(dtype=dtype, device=device)
+    cos, sin = RotaryEmbedding(int(head_dim * rotary_fraction), 10000.0)(torch.tensor([0, 5, 130], device=device))
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, **on)
+    q, k, v = (part.view(tokens, -1, head_dim) for part in qkv.split([heads * head_dim, kv_heads * head_dim,
+                                                                      kv_heads * head_dim], dim=-1))
+    q_weight, k_weight = (torch.randn(head_dim, **on) if with_norm else None for _ in range(2))
+    rotary = fused_ops.QKRotary(cos, sin, q_weight, k_weight, 1e-6, zero_centered)
+    key_pool, value_pool = torch.randn(10, kv_heads, head_dim, **on), torch.randn(10, kv_heads, head_dim, **on)
+    slots = torch.tensor([7, 2, 9], device=device)
+    expected_keys, expected_values = key_pool.clone(), value_pool.clone()
+    expected_query = fused_ops.norm_rotary(q, q_weight, 1e-6, cos, sin, zero_centered)
+    expected_keys[slots] = fused_ops.norm_rotary(k, k_weight, 1e-6, cos, sin, zero_centered)
+    expected_values[slots] = v
+    return (q, k, v, rotary, key_pool, value_pool, slots), expected_query, expected_keys, expected_values
+
+
+@pytest.mark.parametrize("with_norm,zero_centered", [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("rotary_fraction", [1.0, 0.25])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_norm_rotary_into_cache(monkeypatch, with_norm, zero_centered, rotary_fraction, dtype):
+    """One kernel: q and k normalized and rotated as `norm_rotary` does, k and v written at
+    their slots, every other slot left as it was."""
+    args, expected_query, expected_keys, expected_values = rotary_into_cache_case(
+        dtype, with_norm, zero_centered, rotary_fraction)   # the torch ops: the reference
+    monkeypatch.setattr(fused_ops, "use_triton", lambda x: True)
+    query = fused_ops.norm_rotary_into_cache(*args)
+    key_pool, value_pool = args[4], args[5]
+    assert_close(query, expected_query)
+    assert_close(key_pool, expected_keys)
+    assert torch.equal(value_pool, expected_values)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gated_rms_norm(force_triton, dtype):
     torch.manual_seed(3)

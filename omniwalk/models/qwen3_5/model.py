@@ -24,7 +24,7 @@ from torch import nn
 from omniwalk.engine.attention import PagedAttention
 from omniwalk.engine.state_pool import StateBatch
 from omniwalk.layers.causal_conv import causal_conv1d_decode, ragged_causal_conv1d
-from omniwalk.layers.fused_ops import norm_rotary
+from omniwalk.layers.fused_ops import QKRotary
 from omniwalk.layers.gated_delta_rule import gated_delta_rule_decode, gated_delta_rule_varlen
 from omniwalk.layers.mlp import GatedMLP
 from omniwalk.layers.norm import GatedRMSNorm, ZeroCenteredRMSNorm
@@ -75,12 +75,12 @@ class GatedAttention(nn.Module):
         num_tokens = x.shape[0]
         q_gate, k, v = self.qkv_proj(x).split(self.splits, dim=-1)
         q, gate = q_gate.view(num_tokens, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
-        # per-head zero-centered norm, then rotary on the first rotary_dim dims: one kernel on CUDA
-        q = norm_rotary(q, self.q_norm.weight, self.q_norm.eps, cos, sin, zero_centered=True)   # [tokens, heads, head_dim]
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
-        k = norm_rotary(k, self.k_norm.weight, self.k_norm.eps, cos, sin, zero_centered=True)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        out = attention.forward(self.cache_layer, q, k, v, self.scale)               # [tokens, heads, head_dim]
+        # per-head zero-centered norm, then rotary on the first rotary_dim dims; on CUDA one
+        # kernel for q and k, with the cache write
+        rotary = QKRotary(cos, sin, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, zero_centered=True)
+        out = attention.forward(self.cache_layer, q, k, v, self.scale, rotary)               # [tokens, heads, head_dim]
         out = out.reshape(num_tokens, -1) * torch.sigmoid(gate.reshape(num_tokens, -1))
         return self.o_proj(out)
 
