@@ -83,7 +83,8 @@ def rotary_into_cache_case(dtype, with_norm, zero_centered, rotary_fraction, dev
     torch.manual_seed(4)
     tokens, heads, kv_heads, head_dim = 3, 4, 2, 32
     on = dict(dtype=dtype, device=device)
-    cos, sin = RotaryEmbedding(int(head_dim * rotary_fraction), 10000.0)(torch.tensor([0, 5, 130], device=device))
+    rotary_embedding = RotaryEmbedding(int(head_dim * rotary_fraction), 10000.0).to(device)
+    cos, sin = rotary_embedding(torch.tensor([0, 5, 130], device=device))
     qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, **on)
     q, k, v = (part.view(tokens, -1, head_dim) for part in qkv.split([heads * head_dim, kv_heads * head_dim,
                                                                       kv_heads * head_dim], dim=-1))
