@@ -9,9 +9,10 @@ each of its streams then steps through the walks its model's plan chooses. One `
      plan's choice of the next walk. A stream stops at the next node it must run;
   3. for every node with streams waiting at it (later stages first), form one batch:
      single-unit work (decode steps) first, then by admission order, within the node's
-     token budget and batch size. Prefill work is chunked where the node allows it, so one batch mixes
-     prefill chunks and decode steps. A running stream whose resources do not fit
-     preempts the youngest stream holding state on that node (its work is recomputed);
+     token budget and batch size. Prefill work is chunked where the node allows it, so
+     one batch mixes prefill chunks and decode steps. A running stream whose resources
+     do not fit preempts the youngest stream holding state on that node (its work is
+     recomputed);
   4. run each batch; a call whose work is complete writes its outputs and runs the
      edges after the node at once. A stream they lead back to the same node (a decode
      loop: emit, loop back, run the node again) starts its next call there and stays
