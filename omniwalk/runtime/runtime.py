@@ -35,7 +35,7 @@ from __future__ import annotations
 import itertools
 import logging
 import operator
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -85,7 +85,9 @@ class Runtime:
         if missing:
             raise ValueError(f"no executor for node(s) {sorted(missing)}")
         self.config = config
-        self.waiting: dict[str, Request] = {}   # by id, in arrival order
+        # by id, in arrival order (an OrderedDict: taking the oldest stays O(1) where a
+        # dict's first key is found past every entry deleted before it)
+        self.waiting: OrderedDict[str, Request] = OrderedDict()
         self.running: dict[str, RequestState] = {}
         # A step runs the nodes' batches later stages first (the reverse of their order in
         # the walks), so the work nearest the client is queued on the GPU first: an Orpheus
@@ -155,7 +157,7 @@ class Runtime:
 
     def _admit_waiting(self) -> None:
         while self.waiting and len(self.running) < self.config.max_num_seqs:
-            request = self.waiting.pop(next(iter(self.waiting)))
+            request = self.waiting.popitem(last=False)[1]
             state = RequestState(request, next(self._orders))
             for name, spec in self.graph.streams.items():
                 params = request.streams.get(name, StreamParams())
