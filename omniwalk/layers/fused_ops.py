@@ -162,7 +162,10 @@ def norm_rotary_into_cache(query: torch.Tensor, key: torch.Tensor, value: torch.
     head_dim] (strided views of a fused projection are fine); pools: [slots, num_kv_heads,
     head_dim]; slots: [num_tokens] int64.
     """
-    if not use_triton(query) or (rotary.q_weight is None) != (rotary.k_weight is None):
+    fused = (use_triton(query) and (rotary.q_weight is None) == (rotary.k_weight is None)
+             and key_pool.stride() == value_pool.stride()   # the kernel indexes both pools alike
+             and all(t.stride(-1) == 1 for t in (query, key, value, key_pool)))
+    if not fused:
         query = norm_rotary(query, rotary.q_weight, rotary.eps, rotary.cos, rotary.sin, rotary.zero_centered)
         key = norm_rotary(key, rotary.k_weight, rotary.eps, rotary.cos, rotary.sin, rotary.zero_centered)
         key_pool.index_copy_(0, slots, key.to(key_pool.dtype))
