@@ -1,23 +1,42 @@
-"""Turn a model name (built-in or local Hugging Face folder) into a served text model."""
+"""Turn a model name (built-in or local Hugging Face folder) into a served model: one
+loading pipeline for every family.
+
+    load_model(args)
+      family, folder   a built-in name (`tiny-<family>`) or a folder's config.json -> registry
+      read_source      config, tokenizer, EOS ids, random or checkpoint weights
+      build            the family's module on the device in the dtype, weights filled
+      after_weights    what must precede graph capture (Orpheus: the sampled id range)
+      quantize         --quantization, where the family takes it
+      resources        what must precede the KV cache, which takes the GPU memory left
+                       (recurrent-state slots, cross-attention slots, codec graphs)
+      kv cache         paged, prefix caching on unless off or the family cannot share prefixes
+      graphs           decode CUDA graphs, then small-prefill graphs (CUDA, not --enforce-eager)
+      serve            the family's served model: graph, walks, plan, node executors
+      frontends        the capabilities it serves (omniwalk.capabilities), bound by the Engine
+
+A family supplies only what differs, in its `LoaderSpec` (omniwalk.models.family).
+"""
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from omniwalk.engine.cuda_graphs import DecodeGraphs
 from omniwalk.engine.kv_cache import KVCacheShape, PagedKVCache
-from omniwalk.layers.config import DecoderConfig
-from omniwalk.layers.transformer import CausalLM
 from omniwalk.models.loader import init_random_weights, load_checkpoint_weights, read_hf_config
-from omniwalk.models.registry import BUILTIN_MODELS, FAMILIES, TINY_TOKENIZER, family_for_hf_config
-from omniwalk.models.text_lm import TextGenerationModel
+from omniwalk.tokenizer import NoTokenizer, has_tokenizer_files, load_tokenizer
+
+if TYPE_CHECKING:
+    from omniwalk.capabilities import Frontend
+    from omniwalk.models.family import ModelFamily
+    from omniwalk.runtime import Request, ServedModel
 
 logger = logging.getLogger(__name__)
 
@@ -72,18 +91,51 @@ class LoadedModel:
     """A model ready to serve, with what the API layer needs to know about it."""
 
     name: str
-    served: TextGenerationModel           # or another family's ServedModel with a `cache`
-    config: DecoderConfig                 # of the autoregressive backbone
+    served: "ServedModel"                 # graph, plan, executors (the runtime's view)
+    config: Any                           # the family's config of its main module
     tokenizer: object
     device: torch.device
     dtype: torch.dtype
     max_model_len: int
     eos_token_ids: frozenset[int]
     random_weights: bool
+    family: "ModelFamily | None" = None
 
     @property
     def kv_capacity_tokens(self) -> int:
         return self.served.cache.shape.capacity_tokens
+
+    def frontends(self) -> list["Frontend"]:
+        """The capabilities it serves, bound to what is loaded (its tokenizer, context, EOS ids)."""
+        return [] if self.family is None else list(self.family.frontends(self))
+
+    def warmup_requests(self) -> list["Request"]:
+        """The family's warm-up requests (none where it declares none)."""
+        if self.family is None or self.family.warmup is None:
+            return []
+        return self.family.warmup(self)
+
+
+@dataclass
+class LoadContext:
+    """What the pipeline has built so far; each `LoaderSpec` hook reads it and adds its part."""
+
+    args: EngineArgs
+    family: "ModelFamily"
+    folder: Path | None                   # None: the built-in tiny model
+    device: torch.device
+    dtype: torch.dtype
+    config: Any = None
+    tokenizer: object = None
+    eos_token_ids: frozenset[int] = frozenset()
+    random_weights: bool = True
+    module: torch.nn.Module | None = None     # the module whose weights the checkpoint fills
+    resources: dict[str, Any] = field(default_factory=dict)   # allocated before the KV cache
+    slot_resource: Any = None             # per-stream slots the decode graphs bind (state pool, cross-attention)
+    max_model_len: int = 0
+    cache: PagedKVCache | None = None
+    decode_graphs: DecodeGraphs | None = None
+    prefill_graphs: Any = None
 
 
 def resolve_device(device: str) -> torch.device:
@@ -98,45 +150,10 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return getattr(torch, dtype)
 
 
-class NoTokenizer:
-    """Stands in for a checkpoint folder without tokenizer files (e.g. a config-only folder
-    for `--load-format dummy` benchmarks): ids in, ids out, no text."""
-
-    def __len__(self) -> int:
-        return 0
-
-    def encode(self, text: str, **kwargs) -> list[int]:
-        raise ValueError("this model has no tokenizer files: send prompt_token_ids instead of text")
-
-    def decode(self, ids, **kwargs) -> str:
-        return ""
-
-    def apply_chat_template(self, *args, **kwargs):
-        raise ValueError("this model has no tokenizer files: chat is unavailable")
-
-
-def has_tokenizer_files(folder: Path) -> bool:
-    return any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer.model", "vocab.json"))
-
-
-def load_tokenizer(folder: Path):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(folder))
-
-
-def _generation_eos(folder: Path, config: DecoderConfig) -> frozenset[int]:
-    """EOS ids as HF `generate` uses them: generation_config.json first, then config.json."""
-    path = folder / "generation_config.json"
-    if path.is_file():
-        eos = json.loads(path.read_text()).get("eos_token_id")
-        if eos is not None:
-            return frozenset([eos] if isinstance(eos, int) else eos)
-    return frozenset(config.eos_token_ids)
-
-
 def load_model(args: EngineArgs) -> LoadedModel:
-    """A built-in name or a local Hugging Face folder, loaded by its family's loader."""
+    """A built-in name or a local Hugging Face folder, through the one loading pipeline."""
+    from omniwalk.models.registry import BUILTIN_MODELS, FAMILIES, family_for_hf_config
+
     if args.model in BUILTIN_MODELS:
         family, folder = FAMILIES[BUILTIN_MODELS[args.model]], None
     elif Path(args.model).is_dir():
@@ -148,25 +165,73 @@ def load_model(args: EngineArgs) -> LoadedModel:
     if args.quantization is not None and args.quantization not in family.quantizations:
         raise ValueError(f"--quantization {args.quantization} is not supported for {family.name} models "
                          f"(supported: {', '.join(family.quantizations) or 'none'})")
-    module, function = family.loader.split(":")
-    return getattr(importlib.import_module(module), function)(args, family, folder)
+    device = resolve_device(args.device)
+    ctx = LoadContext(args, family, folder, device, resolve_dtype(args.dtype, device))
+    spec = family.loader
+    (spec.read_source or read_model_source)(ctx)
+    rename = None if spec.rename is None else (lambda name: spec.rename(ctx.config, name))
+    ctx.module = build_module(lambda: spec.build(ctx.config), ctx.device, ctx.dtype, ctx.random_weights,
+                              args.seed, folder, rename=rename)
+    if spec.after_weights is not None:
+        spec.after_weights(ctx)
+    quantize_backbone(args, ctx.module)
+    if spec.resources is not None:
+        spec.resources(ctx)
+    ctx.max_model_len = spec.max_model_len(ctx) if spec.max_model_len is not None else context_length(args, ctx.config)
+    num_layers, num_kv_heads, head_dim = spec.kv_layout(ctx.config)
+    shape = kv_cache_shape(args, num_layers, num_kv_heads, head_dim, ctx.device, ctx.dtype)
+    ctx.cache = PagedKVCache(shape, ctx.dtype, ctx.device, enable_prefix_caching=_prefix_caching(ctx))
+    step = spec.decode_step(ctx) if spec.decode_step is not None else ctx.module
+    ctx.decode_graphs = capture_decode_graphs(args, step, ctx.cache, ctx.max_model_len, ctx.slot_resource)
+    if spec.prefill_graphs:
+        ctx.prefill_graphs = capture_prefill_graphs(step, ctx.decode_graphs, spec.conv_kernel(ctx.config)
+                                                    if spec.conv_kernel is not None else None)
+    served = spec.serve(ctx)
+    logger.info("loaded %s (%s, %s on %s%s); KV cache: %d tokens in %d pages of %d%s",
+                args.model, family.name, ctx.dtype, ctx.device, ", random weights" if ctx.random_weights else "",
+                shape.capacity_tokens, shape.num_pages, shape.page_size,
+                ", prefix caching" if ctx.cache.enable_prefix_caching else "")
+    return LoadedModel(args.model, served, ctx.config, ctx.tokenizer, ctx.device, ctx.dtype, ctx.max_model_len,
+                       ctx.eos_token_ids, ctx.random_weights, family)
 
 
-def read_model_source(args: EngineArgs, family, folder: Path | None):
-    """(config, tokenizer, eos ids, random_weights) of a built-in tiny model (folder None)
-    or a local checkpoint folder: what every family's loader starts from."""
+def _prefix_caching(ctx: LoadContext) -> bool:
+    reason = ctx.family.loader.no_prefix_caching
+    if ctx.args.enable_prefix_caching and reason is not None:
+        logger.info("prefix caching is off for %s: %s", ctx.family.name, reason)
+    return ctx.args.enable_prefix_caching and reason is None
+
+
+def read_model_source(ctx: LoadContext) -> None:
+    """Config, tokenizer, EOS ids and weight source of a built-in tiny model (folder None)
+    or a local checkpoint folder: the shared first step of loading."""
+    from omniwalk.models.registry import TINY_TOKENIZER
+
+    family, folder = ctx.family, ctx.folder
     if folder is None:   # built-in tiny model
-        tokenizer = load_tokenizer(TINY_TOKENIZER)
-        config = family.tiny_config(len(tokenizer))
-        eos = frozenset(config.eos_token_ids) | {tokenizer.convert_tokens_to_ids("<|im_end|>")}
-        return config, tokenizer, eos, True
-    config = family.config_from_hf(read_hf_config(folder))
+        ctx.tokenizer = load_tokenizer(TINY_TOKENIZER)
+        ctx.config = family.tiny_config(len(ctx.tokenizer))
+        ctx.eos_token_ids = frozenset(ctx.config.eos_token_ids) | {ctx.tokenizer.convert_tokens_to_ids("<|im_end|>")}
+        ctx.random_weights = True
+        return
+    ctx.config = family.config_from_hf(read_hf_config(folder))
     if has_tokenizer_files(folder):
-        tokenizer = load_tokenizer(folder)
+        ctx.tokenizer = load_tokenizer(folder)
     else:
         logger.warning("no tokenizer files in %s: token ids only, no text", folder)
-        tokenizer = NoTokenizer()
-    return config, tokenizer, _generation_eos(folder, config), args.load_format == "dummy"
+        ctx.tokenizer = NoTokenizer()
+    ctx.eos_token_ids = generation_eos(folder, ctx.config.eos_token_ids)
+    ctx.random_weights = ctx.args.load_format == "dummy"
+
+
+def generation_eos(folder: Path, default: tuple[int, ...]) -> frozenset[int]:
+    """EOS ids as HF `generate` uses them: generation_config.json first, then config.json."""
+    path = folder / "generation_config.json"
+    if path.is_file():
+        eos = json.loads(path.read_text()).get("eos_token_id")
+        if eos is not None:
+            return frozenset([eos] if isinstance(eos, int) else eos)
+    return frozenset(default)
 
 
 def build_module(make, device: torch.device, dtype: torch.dtype, random_weights: bool, seed: int,
@@ -177,7 +242,11 @@ def build_module(make, device: torch.device, dtype: torch.dtype, random_weights:
     if random_weights:
         init_random_weights(module, seed)
     else:
-        load_checkpoint_weights(module, folder, rename=rename)
+        skipped = load_checkpoint_weights(module, folder, rename=rename)
+        if skipped:
+            parts = sorted({".".join(name.split(".")[:2]) for name in skipped})
+            logger.info("%s: %d checkpoint tensors not loaded, not part of the served model (%s)", folder,
+                        len(skipped), ", ".join(f"{part}.*" for part in parts))
     return module.eval()
 
 
@@ -201,7 +270,7 @@ def quantize_backbone(args: EngineArgs, lm: torch.nn.Module) -> None:
                 "read rows their norm or SiLU-mul quantized)", swapped, fused)
 
 
-def context_length(args: EngineArgs, config: DecoderConfig) -> int:
+def context_length(args: EngineArgs, config) -> int:
     return min(config.max_position_embeddings, args.max_model_len or config.max_position_embeddings)
 
 
@@ -240,30 +309,11 @@ def capture_prefill_graphs(lm, graphs: DecodeGraphs | None, conv_kernel: int | N
     return prefill
 
 
-def load_text_model(args: EngineArgs, family, folder: Path | None) -> LoadedModel:
-    device = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype, device)
-    config, tokenizer, eos, random_weights = read_model_source(args, family, folder)
-    lm = build_module(lambda: CausalLM(config), device, dtype, random_weights, args.seed, folder)
-    quantize_backbone(args, lm)
-    max_model_len = context_length(args, config)
-    shape = kv_cache_shape(args, config, device, dtype)
-    cache = PagedKVCache(shape, dtype, device, enable_prefix_caching=args.enable_prefix_caching)
-    graphs = capture_decode_graphs(args, lm, cache, max_model_len)
-    served = TextGenerationModel(lm, cache, max_batch_size=args.max_num_seqs, decode_graphs=graphs,
-                                 prefill_graphs=capture_prefill_graphs(lm, graphs))
-    logger.info("loaded %s (%s, %s on %s%s); KV cache: %d tokens in %d pages of %d",
-                args.model, family.name, dtype, device, ", random weights" if random_weights else "",
-                shape.capacity_tokens, shape.num_pages, shape.page_size)
-    return LoadedModel(args.model, served, config, tokenizer, device, dtype, max_model_len, eos, random_weights)
-
-
-def kv_cache_shape(args: EngineArgs, config: DecoderConfig, device: torch.device, dtype, *,
-                   num_layers: int | None = None) -> KVCacheShape:
-    """Pages for `num_layers` attention layers (default: all of the config's layers; fewer
-    in hybrid models). On GPU sized from the memory still free: allocate other resources first."""
-    num_layers = config.num_layers if num_layers is None else num_layers
-    per_page = KVCacheShape(num_layers, config.num_kv_heads, config.head_dim, args.page_size, 1)
+def kv_cache_shape(args: EngineArgs, num_layers: int, num_kv_heads: int, head_dim: int, device: torch.device,
+                   dtype: torch.dtype) -> KVCacheShape:
+    """Pages for `num_layers` attention layers. On GPU sized from the memory still free:
+    allocate other resources first."""
+    per_page = KVCacheShape(num_layers, num_kv_heads, head_dim, args.page_size, 1)
     if args.kv_cache_tokens is not None:
         num_pages = -(-args.kv_cache_tokens // args.page_size)
     elif device.type == "cuda":
@@ -275,4 +325,4 @@ def kv_cache_shape(args: EngineArgs, config: DecoderConfig, device: torch.device
                                f"raise --gpu-memory-utilization or use a smaller model")
     else:
         num_pages = 65536 // args.page_size
-    return KVCacheShape(num_layers, config.num_kv_heads, config.head_dim, args.page_size, num_pages)
+    return KVCacheShape(num_layers, num_kv_heads, head_dim, args.page_size, num_pages)

@@ -71,12 +71,12 @@ class ASRRecord:
 
 
 async def _transcribe(engine, index: int, clip: np.ndarray, max_tokens: int, seed: int) -> ASRRecord:
-    from omniwalk.models.whisper.transcribe import TranscriptionRequest, submit_transcription
+    from omniwalk.capabilities.transcription import TranscriptionRequest
 
     record = ASRRecord(index, len(clip) / SAMPLE_RATE, send_time=time.perf_counter())
     try:
-        stream = submit_transcription(engine, TranscriptionRequest(clip, language="en", max_output_tokens=max_tokens,
-                                                                   seed=seed), loop=asyncio.get_running_loop())
+        stream = engine.submit(TranscriptionRequest(clip, language="en", max_output_tokens=max_tokens, seed=seed),
+                               loop=asyncio.get_running_loop())
         async for chunk in stream:
             now = time.perf_counter()
             if chunk.token_ids and record.first_token_time is None:

@@ -108,8 +108,8 @@ def parse_concurrency(text: str | None) -> list[int] | None:
 
 
 def resolve_tokenizer(name: str):
-    from omniwalk.loading import load_tokenizer
     from omniwalk.models.registry import BUILTIN_MODELS, TINY_TOKENIZER
+    from omniwalk.tokenizer import load_tokenizer
 
     if name in BUILTIN_MODELS:
         return load_tokenizer(TINY_TOKENIZER)

@@ -79,7 +79,7 @@ def _usage(prompt_key: str, usage: dict) -> dict:
 
 
 class InProcessSpeechBackend:
-    """Speech requests straight into an in-process Orpheus `Engine` (no HTTP)."""
+    """Speech requests straight into an in-process `Engine` of a speech model (no HTTP)."""
 
     name = "in-process speech"
 
@@ -91,16 +91,17 @@ class InProcessSpeechBackend:
     async def send(self, request: TTSRequest) -> TTSRecord:
         from dataclasses import asdict
 
-        from omniwalk.models.orpheus.speech import SpeechRequest, submit_speech
+        from omniwalk.capabilities import Capability
+        from omniwalk.capabilities.speech import SpeechRequest
         from omniwalk.runtime import QueueFullError
 
         record = _new_record(request)
-        record.sample_rate = self.engine.model.sampling_rate
+        record.sample_rate = self.engine.frontend(Capability.SPEECH).sampling_rate
         record.send_time = now()
         try:
             speech = SpeechRequest(request.text, voice=self.voice, max_output_tokens=request.max_output_tokens,
                                    ignore_eos=self.ignore_eos, seed=request.seed)
-            stream = submit_speech(self.engine, speech, loop=asyncio.get_running_loop())
+            stream = self.engine.submit(speech, loop=asyncio.get_running_loop())
         except (ValueError, QueueFullError, RuntimeError) as exc:
             record.fail(f"{type(exc).__name__}: {exc}")
             return record

@@ -1,52 +1,38 @@
 """Model families and built-in tiny models, by name.
 
-A family is one folder under `omniwalk/models/`; adding one touches nothing else but a
-line here.
+A family is one folder under `omniwalk/models/` exporting a `ModelFamily`
+(omniwalk.models.family); adding one touches nothing else but a line here, or, for a
+family that lives outside the package (a plugin, a test), a call to `register`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
-from omniwalk.layers.config import DecoderConfig
-from omniwalk.models import llama, orpheus, qwen3, qwen3_5, whisper
+from omniwalk.models import decoder_lm, orpheus, qwen3_5, whisper
+from omniwalk.models.family import ModelFamily
 
 TINY_TOKENIZER = Path(__file__).parent / "assets" / "tiny-tokenizer"
 
-
-@dataclass(frozen=True)
-class ModelFamily:
-    """A model family: how to read its config, its tiny built-in config, and its loader."""
-
-    name: str
-    hf_model_types: tuple[str, ...]
-    config_from_hf: Callable[[dict], DecoderConfig]
-    tiny_config: Callable[[int], DecoderConfig]
-    # "module:function" taking (EngineArgs, family, folder or None) -> LoadedModel; a
-    # family with other components (codecs, encoders) names its own loader
-    loader: str = "omniwalk.loading:load_text_model"
-    # claims a checkpoint folder by its config.json before model types are matched (a
-    # family built on another's architecture, e.g. Orpheus on Llama)
-    detect: Callable[[dict], bool] | None = None
-    # EngineArgs.quantization values its loader applies (`loading.quantize_backbone`)
-    quantizations: tuple[str, ...] = ()
+FAMILIES: dict[str, ModelFamily] = {}
+BUILTIN_MODELS: dict[str, str] = {}   # `tiny-<family>` -> family name
 
 
-FAMILIES: dict[str, ModelFamily] = {
-    "qwen3": ModelFamily("qwen3", ("qwen3",), qwen3.config_from_hf, qwen3.tiny_config, quantizations=("fp8",)),
-    "llama": ModelFamily("llama", ("llama",), llama.config_from_hf, llama.tiny_config, quantizations=("fp8",)),
-    "qwen3_5": ModelFamily("qwen3_5", ("qwen3_5", "qwen3_5_text"), qwen3_5.config_from_hf, qwen3_5.tiny_config,
-                          loader="omniwalk.models.qwen3_5.loading:load_qwen3_5"),
-    "orpheus": ModelFamily("orpheus", (), llama.config_from_hf, orpheus.tiny_backbone_config,
-                          loader="omniwalk.models.orpheus.loading:load_orpheus", detect=orpheus.is_orpheus_config,
-                          quantizations=("fp8",)),
-    "whisper": ModelFamily("whisper", ("whisper",), whisper.config_from_hf, whisper.tiny_config,
-                          loader="omniwalk.models.whisper.loading:load_whisper"),
-}
+def register(family: ModelFamily) -> None:
+    """Makes `family` loadable: its built-in `tiny-<name>` and checkpoints of its model types."""
+    if family.name in FAMILIES:
+        raise ValueError(f"a model family named {family.name!r} is already registered")
+    FAMILIES[family.name] = family
+    BUILTIN_MODELS[f"tiny-{family.name}"] = family.name
 
-BUILTIN_MODELS: dict[str, str] = {f"tiny-{name}": name for name in FAMILIES}
+
+def unregister(name: str) -> None:
+    FAMILIES.pop(name)
+    BUILTIN_MODELS.pop(f"tiny-{name}")
+
+
+for _family in (decoder_lm.QWEN3, decoder_lm.LLAMA, qwen3_5.FAMILY, orpheus.FAMILY, whisper.FAMILY):
+    register(_family)
 
 
 def family_for_hf_config(hf: dict) -> ModelFamily:

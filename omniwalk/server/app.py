@@ -11,9 +11,12 @@ Routes:
     POST /v1/completions         OpenAI completions, JSON or SSE             (openai_api.py)
     POST /v1/chat/completions    OpenAI chat completions, JSON or SSE        (openai_api.py)
     POST /v1/audio/speech        OpenAI text to speech: a file, chunked audio or SSE (speech.py;
-                                 a text model answers 404)
+                                 a model without the speech capability answers 400)
     POST /v1/audio/transcriptions  OpenAI speech recognition: multipart upload -> json, text, verbose_json,
-                                 srt, vtt or SSE (transcription.py; a model other than Whisper answers 404)
+                                 srt, vtt or SSE (transcription.py; a model without the
+                                 transcription capability answers 400)
+
+Routes follow the served model's capabilities (`engine.capabilities`), never its family.
     GET  /health                 200 while the engine loop lives and moves, else 503
     GET  /metrics                Prometheus text                              (metrics.py)
 
@@ -38,13 +41,14 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from omniwalk.api import Engine
+from omniwalk.capabilities import Capability
 from omniwalk.server.generation import ServerContext
 from omniwalk.server.metrics import ServerMetrics
 from omniwalk.server.native import native_router
 from omniwalk.server.openai_api import openai_router
 from omniwalk.server.protocol import ApiError, error_body, printable
-from omniwalk.server.speech import is_speech_model, no_speech_router, speech_generate_router, speech_router
-from omniwalk.server.transcription import is_transcription_model, no_transcription_router, transcription_router
+from omniwalk.server.speech import no_speech_router, speech_generate_router, speech_router
+from omniwalk.server.transcription import no_transcription_router, transcription_router
 
 logger = logging.getLogger(__name__)
 
@@ -54,14 +58,15 @@ HEALTH_STALL_SECONDS = 30.0
 def build_app(engine: Engine, served_model_name: str | None = None,
               stall_seconds: float = HEALTH_STALL_SECONDS) -> FastAPI:
     """An app serving `engine`. It does not own the engine: shut that down yourself."""
-    speech = is_speech_model(engine)
-    ctx = ServerContext(engine, ServerMetrics(engine), served_model_name or engine.loaded.name, produces_speech=speech)
+    capabilities = engine.capabilities
+    ctx = ServerContext(engine, ServerMetrics(engine), served_model_name or engine.loaded.name)
     app = FastAPI(title="omniwalk", version="0.1.0")
     app.state.ctx = ctx
-    app.include_router(speech_generate_router(ctx) if speech else native_router(ctx))
+    app.include_router(speech_generate_router(ctx) if ctx.produces_speech else native_router(ctx))
     app.include_router(openai_router(ctx))
+    speech, transcription = Capability.SPEECH in capabilities, Capability.TRANSCRIPTION in capabilities
     app.include_router(speech_router(ctx) if speech else no_speech_router(ctx))
-    app.include_router(transcription_router(ctx) if is_transcription_model(engine) else no_transcription_router(ctx))
+    app.include_router(transcription_router(ctx) if transcription else no_transcription_router(ctx))
     _add_operations(app, ctx, stall_seconds)
     _add_error_handlers(app, ctx)
     return app

@@ -1,8 +1,8 @@
 """What every generating route shares: submitting engine requests, merging their chunks,
 collecting results, and aborting on client disconnect.
 
-One HTTP request becomes one or more engine requests (OpenAI's `n` and batched prompts;
-text by `engine.submit`, other kinds, such as speech, by the `submit` a route passes).
+One HTTP request becomes one or more engine requests (OpenAI's `n` and batched prompts),
+each submitted with `engine.submit` (or the `submit` a route passes).
 They are submitted together (all or none: a later one that is refused aborts the earlier
 ones), and their chunks are merged in arrival order as `(index, chunk)`:
 
@@ -27,7 +27,9 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from omniwalk.api import Engine, GenerationChunk, GenerationRequest, RequestStream
+from omniwalk.api import Engine, RequestStream
+from omniwalk.capabilities import Capability
+from omniwalk.capabilities.text import GenerationChunk, GenerationRequest
 from omniwalk.engine.causal_lm_executor import TokenLogprobs
 from omniwalk.runtime import QueueFullError
 from omniwalk.server.metrics import RequestRecord, ServerMetrics
@@ -41,8 +43,13 @@ class ServerContext:
     engine: Engine
     metrics: ServerMetrics
     model_name: str                                        # what `model` must say on /v1 routes
-    produces_speech: bool = False                          # a speech model: no text routes
     created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def produces_speech(self) -> bool:
+        """A speech model without text generation: the text routes point to the speech route."""
+        capabilities = self.engine.capabilities
+        return Capability.SPEECH in capabilities and Capability.TEXT not in capabilities
 
     def submit(self, requests: list[GenerationRequest], request_id: str) -> "Generation":
         """Text generations (the completion routes)."""
@@ -77,7 +84,7 @@ Submit = Callable[[Any, str, asyncio.AbstractEventLoop], RequestStream]
 
 
 class Generation:
-    """The engine requests of one HTTP request (text by default; `submit` for other kinds)."""
+    """The engine requests of one HTTP request (of any capability; `submit` to wrap the engine's)."""
 
     def __init__(self, ctx: ServerContext, requests: list, request_id: str, submit: Submit | None = None):
         if not ctx.engine.is_alive:

@@ -100,31 +100,29 @@ class RequestRecord:
 
 
 class _EngineCollector:
-    """Engine state read at scrape time (plain reads of sizes owned by the loop thread)."""
+    """Engine state read at scrape time: the loop's last published `LoopStats`."""
 
     def __init__(self, engine: Engine):
         self.engine = engine
 
     def collect(self):
         engine = self.engine
-        runtime = engine.runtime
+        stats = engine.stats
         gauges = [
-            ("omniwalk_num_requests_waiting", "Requests waiting for admission", len(runtime.waiting)),
-            ("omniwalk_num_requests_running", "Requests admitted and running", len(runtime.running)),
+            ("omniwalk_num_requests_waiting", "Requests waiting for admission", stats.num_waiting),
+            ("omniwalk_num_requests_running", "Requests admitted and running", stats.num_running),
             ("omniwalk_num_requests_in_flight", "Requests submitted and not finished", engine.num_in_flight),
             ("omniwalk_engine_alive", "1 while the engine loop runs", float(engine.is_alive)),
         ]
-        cache = getattr(engine.model, "cache", None)   # the paged KV cache of the backbone
-        if cache is not None:
-            allocator = cache.allocator
+        if stats.kv_pages_total:   # the paged KV cache of the backbone
             gauges += [
-                ("omniwalk_kv_cache_pages_used", "KV cache pages in use", allocator.num_used),
-                ("omniwalk_kv_cache_pages_free", "KV cache pages free", allocator.num_free),
+                ("omniwalk_kv_cache_pages_used", "KV cache pages in use", stats.kv_pages_used),
+                ("omniwalk_kv_cache_pages_free", "KV cache pages free", stats.kv_pages_total - stats.kv_pages_used),
                 ("omniwalk_kv_cache_usage_ratio", "Fraction of KV cache pages in use",
-                 allocator.num_used / allocator.num_pages),
+                 stats.kv_pages_used / stats.kv_pages_total),
             ]
         for name, documentation, value in gauges:
             yield GaugeMetricFamily(name, documentation, value=value)
-        yield CounterMetricFamily("omniwalk_engine_steps", "Engine loop steps", value=engine.steps)
+        yield CounterMetricFamily("omniwalk_engine_steps", "Engine loop steps", value=stats.steps)
         yield CounterMetricFamily("omniwalk_preemptions", "Streams preempted for KV cache space",
-                                  value=runtime.num_preemptions)
+                                  value=stats.num_preemptions)

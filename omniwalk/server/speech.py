@@ -1,8 +1,8 @@
 """Speech routes of a speech model (Orpheus): POST /v1/audio/speech and POST /generate.
 
-Both are thin layers on `omniwalk.models.orpheus.speech` (`submit_speech`); `build_app`
-registers them only when the served model produces speech. A text model answers
-/v1/audio/speech with 400 "model ... does not produce speech".
+Both are thin layers on the engine's speech capability (`Engine.submit(SpeechRequest)`,
+omniwalk.capabilities.speech); `build_app` registers them only when the served model has
+it. Any other model answers /v1/audio/speech with 400 "model ... does not produce speech".
 
 Audio is PCM: int16 little-endian, mono, at the model's rate (24 kHz for Orpheus).
 
@@ -70,8 +70,8 @@ import uuid
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from omniwalk.models.orpheus.model import OrpheusModel
-from omniwalk.models.orpheus.speech import SpeechChunk, SpeechRequest, SpeechResult, SpeechUsage, submit_speech
+from omniwalk.capabilities import Capability
+from omniwalk.capabilities.speech import SpeechChunk, SpeechRequest, SpeechResult, SpeechUsage
 from omniwalk.server.generation import (
     AbortingStreamingResponse, ClientDisconnected, Generation, ServerContext, disconnected_response,
     unsupported_route_router, until_disconnected,
@@ -84,17 +84,13 @@ OUTPUT_REASONS = ("length", "stop")
 WAV_UNKNOWN_SIZE = 0xFFFFFFFF   # RIFF and data sizes of a streamed WAV: "up to the end of the stream"
 
 
-def is_speech_model(engine) -> bool:
-    return isinstance(engine.model, OrpheusModel)
-
-
 # ----------------------------------------------------------------------------- routers
 
 
 def speech_router(ctx: ServerContext) -> APIRouter:
     """POST /v1/audio/speech on a speech model."""
     router = APIRouter(prefix="/v1")
-    rate = ctx.engine.model.sampling_rate
+    rate = ctx.engine.frontend(Capability.SPEECH).sampling_rate
 
     @router.post("/audio/speech")
     async def speech(body: SpeechBody, request: Request):
@@ -126,7 +122,7 @@ def no_speech_router(ctx: ServerContext) -> APIRouter:
 def speech_generate_router(ctx: ServerContext) -> APIRouter:
     """POST /generate on a speech model: PCM in base64, as one answer or NDJSON lines."""
     router = APIRouter()
-    rate = ctx.engine.model.sampling_rate
+    rate = ctx.engine.frontend(Capability.SPEECH).sampling_rate
 
     @router.post("/generate")
     async def generate(body: GenerateSpeechRequest, request: Request):
@@ -178,9 +174,7 @@ def speech_request(body, text: str) -> SpeechRequest:
 
 
 def _submit(ctx: ServerContext, request: SpeechRequest, request_id: str) -> Generation:
-    def submit(speech: SpeechRequest, sub_id: str, loop) -> object:
-        return submit_speech(ctx.engine, speech, loop, sub_id)
-    return Generation(ctx, [request], request_id, submit)
+    return Generation(ctx, [request], request_id)
 
 
 async def collect(generation: Generation, sample_rate: int) -> SpeechResult:

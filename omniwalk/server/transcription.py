@@ -1,8 +1,8 @@
 """Speech recognition route of a Whisper model: POST /v1/audio/transcriptions.
 
-A thin layer on `omniwalk.models.whisper.transcribe` (`submit_transcription`); `build_app`
-registers it only when the served model is a `WhisperTranscriptionModel`. Any other model
-answers it with 400 "model ... does not transcribe speech".
+A thin layer on the engine's transcription capability (`Engine.submit(TranscriptionRequest)`,
+omniwalk.capabilities.transcription); `build_app` registers it only when the served model
+has it (Whisper). Any other model answers it with 400 "model ... does not transcribe speech".
 
 Request: multipart/form-data (OpenAI's form plus two extensions)
 
@@ -73,10 +73,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.datastructures import UploadFile
 
-from omniwalk.models.whisper.audio import load_audio
-from omniwalk.models.whisper.model import WhisperTranscriptionModel
-from omniwalk.models.whisper.transcribe import (
-    TranscriptionRequest, TranscriptionResult, TranscriptionUsage, TranscriptSegment, submit_transcription,
+from omniwalk.audio import load_audio
+from omniwalk.capabilities import Capability
+from omniwalk.capabilities.transcription import (
+    TranscriptionRequest, TranscriptionResult, TranscriptionUsage, TranscriptSegment, result_of,
 )
 from omniwalk.server.generation import (
     AbortingStreamingResponse, ClientDisconnected, Generation, ServerContext, disconnected_response,
@@ -107,25 +107,21 @@ UNSUPPORTED = ("include[]", "chunking_strategy", "known_speaker_names[]", "known
 ARRAY_FIELDS = ("timestamp_granularities[]",)
 
 
-def is_transcription_model(engine) -> bool:
-    return isinstance(engine.model, WhisperTranscriptionModel)
-
-
 # ----------------------------------------------------------------------------- routers
 
 
 def transcription_router(ctx: ServerContext) -> APIRouter:
     """POST /v1/audio/transcriptions on a Whisper model."""
     router = APIRouter(prefix="/v1")
-    model: WhisperTranscriptionModel = ctx.engine.model
-    positions = model.config.max_source_positions   # encoder positions of one window
+    frontend = ctx.engine.frontend(Capability.TRANSCRIPTION)
+    positions = frontend.positions_per_window
 
     @router.post("/audio/transcriptions", openapi_extra=_openapi_form())
     async def transcriptions(request: Request):
         form = await read_form(request)
         _check_form(ctx, form)
         transcription = form.request()                       # cheap checks before decoding
-        samples = await _decode(form.audio, model.sampling_rate)
+        samples = await _decode(form.audio, frontend.sampling_rate)
         generation = _submit(ctx, dataclasses.replace(transcription, audio=samples), f"trsc-{uuid.uuid4().hex}")
         if form.stream:
             headers = {"Cache-Control": "no-cache", "X-Request-Id": generation.request_id}
@@ -294,7 +290,7 @@ def _openapi_form() -> dict:
 def _submit(ctx: ServerContext, request: TranscriptionRequest, request_id: str) -> Generation:
     def submit(transcription: TranscriptionRequest, sub_id: str, loop):
         try:
-            return submit_transcription(ctx.engine, transcription, loop, sub_id)
+            return ctx.engine.submit(transcription, sub_id, loop)
         except ValueError as exc:
             raise _bad_value(exc) from None
     return Generation(ctx, [request], request_id, submit)
@@ -302,13 +298,11 @@ def _submit(ctx: ServerContext, request: TranscriptionRequest, request_id: str) 
 
 async def collect(generation: Generation) -> TranscriptionResult:
     """Every chunk of a one-request transcription Generation, joined (what the stream carries)."""
-    texts, ids, last = [], [], None
+    chunks_seen = []
     async with contextlib.aclosing(generation.chunks()) as chunks:
-        async for _, last in chunks:
-            texts.append(last.text)
-            ids += last.token_ids
-    return TranscriptionResult(generation.request_id, "".join(texts), ids, last.language, last.usage.audio_seconds,
-                               last.segments or [], last.finish_reason, last.usage, last.error)
+        async for _, chunk in chunks:
+            chunks_seen.append(chunk)
+    return result_of(generation.request_id, chunks_seen)
 
 
 async def _sse_events(generation: Generation, positions: int):

@@ -16,7 +16,7 @@ import transformers
 from omniwalk.bench.hf_baseline import HFBaseline, HFBaselineConfig, make_batches
 from omniwalk.bench.workload import BenchRequest, LengthRange, normal_vocabulary, synthetic_requests
 from omniwalk.cli import main
-from omniwalk.loading import load_tokenizer
+from omniwalk.tokenizer import load_tokenizer
 from omniwalk.models.registry import TINY_TOKENIZER
 
 

@@ -154,7 +154,7 @@ def test_sampling_graphs_sample_like_the_sampler(model):
 def test_lookahead_with_a_logits_mask_speech():
     """Orpheus: the audio-code mask (frame position = codes so far mod 7) and its default
     sampling (temperature, top_p, repetition penalty) in the guessed step."""
-    from omniwalk.models.orpheus.speech import SpeechRequest, synthesize
+    from omniwalk.capabilities.speech import SpeechRequest, synthesize
 
     def speak(graphs: bool):
         with engine("tiny-orpheus", graphs) as e:

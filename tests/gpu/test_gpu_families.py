@@ -123,7 +123,7 @@ def test_qwen3_5_budget_contract_on_cuda():
 
 
 def test_orpheus_codes_equal_and_audio_close_cuda_vs_cpu():
-    from omniwalk.models.orpheus.speech import SpeechRequest, synthesize
+    from omniwalk.capabilities.speech import SpeechRequest, synthesize
 
     def speak(engine):
         if engine.loaded.device.type == "cuda":
@@ -147,7 +147,7 @@ def test_orpheus_codes_equal_and_audio_close_cuda_vs_cpu():
 
 def test_whisper_greedy_ids_cuda_equal_cpu():
     from omniwalk.bench.asr import synthetic_clip
-    from omniwalk.models.whisper.transcribe import TranscriptionRequest, transcribe
+    from omniwalk.capabilities.transcription import TranscriptionRequest, transcribe
 
     clips = [synthetic_clip(seconds, [0, i]) for i, seconds in enumerate((3.0, 11.0, 35.0))]
 

@@ -19,8 +19,8 @@ from safetensors.torch import load_file, save_file
 from omniwalk.engine.attention import PagedAttention, attention_for_tests, build_metadata
 from omniwalk.engine.kv_cache import KVCacheShape, PagedKVCache
 from omniwalk.layers.rotary import RotaryEmbedding, apply_rotary
-from omniwalk.layers.transformer import CausalLM
-from omniwalk.models import llama, qwen3
+from omniwalk.models.decoder_lm.modeling import CausalLM
+from omniwalk.models.decoder_lm import config as decoder_config
 from omniwalk.models.loader import init_random_weights, load_checkpoint_weights, read_hf_config
 
 TOL = 1e-4
@@ -45,8 +45,8 @@ CASES = {
 }
 
 FAMILIES = {
-    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, qwen3.config_from_hf),
-    "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM, llama.config_from_hf),
+    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, decoder_config.qwen3_config_from_hf),
+    "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM, decoder_config.llama_config_from_hf),
 }
 
 
@@ -142,7 +142,7 @@ def test_prefill_then_decode_matches_full_forward(checkpoint):
 @torch.no_grad()
 def test_ragged_batch_matches_separate_sequences():
     """A prefill chunk and a decode step in one pass: each token gets its own position."""
-    config = llama.tiny_config(VOCAB)
+    config = decoder_config.llama_tiny_config(VOCAB)
     model = CausalLM(config).eval()
     init_random_weights(model, seed=3)
     a, b = token_ids(20, seed=4), token_ids(9, seed=5)
@@ -174,7 +174,7 @@ def test_missing_tensor_is_named(tmp_path):
     del tensors["model.layers.1.mlp.up_proj.weight"]
     tensors["model.layers.1.mlp.extra.weight"] = torch.zeros(2)
     save_file(tensors, file, metadata={"format": "pt"})
-    model = CausalLM(qwen3.config_from_hf(read_hf_config(tmp_path)))
+    model = CausalLM(decoder_config.qwen3_config_from_hf(read_hf_config(tmp_path)))
     with pytest.raises(ValueError, match=r"model\.layers\.1\.mlp\.up_proj\.weight") as info:
         load_checkpoint_weights(model, tmp_path)
     assert "model.layers.1.mlp.extra.weight" in str(info.value)
@@ -189,14 +189,14 @@ def test_config_from_hf_old_rope_layout():
         "rope_scaling": {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
     }
-    config = llama.config_from_hf(hf)
+    config = decoder_config.llama_config_from_hf(hf)
     assert config.head_dim == 16 and config.rope_theta == 500000.0 and config.eos_token_ids == (2,)
     assert config.rope_scaling["rope_type"] == "llama3" and not config.tie_word_embeddings
-    assert llama.config_from_hf({**hf, "rope_scaling": None}).rope_scaling is None
+    assert decoder_config.llama_config_from_hf({**hf, "rope_scaling": None}).rope_scaling is None
     with pytest.raises(ValueError, match="yarn"):
-        llama.config_from_hf({**hf, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
+        decoder_config.llama_config_from_hf({**hf, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
     with pytest.raises(ValueError, match="multiple"):
-        dataclasses.replace(llama.tiny_config(VOCAB), num_kv_heads=3)
+        dataclasses.replace(decoder_config.llama_tiny_config(VOCAB), num_kv_heads=3)
 
 
 def test_partial_rotary_matches_transformers():
@@ -208,7 +208,7 @@ def test_partial_rotary_matches_transformers():
     hf_config = transformers.LlamaConfig(hidden_size=64, num_attention_heads=4, head_dim=16,
                                          max_position_embeddings=256, rope_parameters=dict(rope))
     hf_inv_freq, _ = ROPE_INIT_FUNCTIONS["llama3"](hf_config)
-    config = llama.config_from_hf(hf_config.to_dict())
+    config = decoder_config.llama_config_from_hf(hf_config.to_dict())
     assert config.rotary_dim == 8
     rotary = RotaryEmbedding(config.rotary_dim, config.rope_theta, config.rope_scaling)
     assert torch.equal(rotary.inv_freq, hf_inv_freq)
@@ -227,7 +227,7 @@ def test_partial_rotary_matches_transformers():
 
 
 def test_init_random_weights_is_deterministic():
-    config = qwen3.tiny_config(VOCAB)
+    config = decoder_config.qwen3_tiny_config(VOCAB)
     first, second = CausalLM(config), CausalLM(config)
     init_random_weights(first, seed=11)
     torch.manual_seed(123)  # global RNG state must not matter

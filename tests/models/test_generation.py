@@ -16,6 +16,7 @@ import transformers
 from omniwalk import Engine, EngineArgs, GenerationRequest, SamplingParams
 from omniwalk.engine.causal_lm_executor import CausalLMExecutor
 from omniwalk.loading import load_model
+from omniwalk.tokenizer import encode
 
 TOKENIZER_DIR = Path(__file__).parents[2] / "omniwalk" / "models" / "assets" / "tiny-tokenizer"
 PROMPTS = ["The quick brown fox", "Once upon a time, in a land far away,", "1 2 3"]
@@ -170,10 +171,10 @@ def test_bad_inputs_are_value_errors(engine):
 
 @pytest.mark.parametrize("text", ["The quick brown fox.", "naïve café, 日本語, 🙂 and\ttabs\n  ",
                                   "<|im_start|>user\nhi<|im_end|>", " leading space", ""])
-def test_engine_encode_is_the_tokenizers_encode(engine, text):
-    """The engine calls a fast tokenizer's backend directly: the same ids as transformers'
+def test_encode_is_the_tokenizers_encode(engine, text):
+    """`omniwalk.tokenizer.encode` calls a fast tokenizer's backend directly: the same ids as transformers'
     encode with special tokens (BOS where the tokenizer adds one)."""
-    assert engine.encode(text) == engine.tokenizer.encode(text, add_special_tokens=True)
+    assert encode(engine.tokenizer, text) == engine.tokenizer.encode(text, add_special_tokens=True)
 
 
 def test_submit_after_shutdown_is_refused():

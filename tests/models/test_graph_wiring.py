@@ -13,8 +13,8 @@ import pytest
 
 from omniwalk import Engine, EngineArgs, GenerationRequest, SamplingParams
 from omniwalk.bench.asr import synthetic_clip
-from omniwalk.models.orpheus.speech import SpeechRequest, synthesize
-from omniwalk.models.whisper.transcribe import TranscriptionRequest, transcribe
+from omniwalk.capabilities.speech import SpeechRequest, synthesize
+from omniwalk.capabilities.transcription import TranscriptionRequest, transcribe
 
 LOADERS = ["omniwalk.loading", "omniwalk.models.qwen3_5.loading", "omniwalk.models.whisper.loading",
            "omniwalk.models.orpheus.loading"]

@@ -31,7 +31,7 @@ from omniwalk.models.orpheus.model import (
 from omniwalk.models.orpheus.snac import (
     SNAC_24KHZ, SeededNoise, SnacConfig, SnacDecoder, init_random_snac, load_snac_state, torch_global_noise,
 )
-from omniwalk.models.orpheus.speech import SpeechRequest, collect_speech, submit_speech, synthesize
+from omniwalk.capabilities.speech import SpeechRequest, collect_speech, synthesize
 
 TOKENIZER_DIR = Path(__file__).parents[2] / "omniwalk" / "models" / "assets" / "tiny-tokenizer"
 
@@ -317,7 +317,7 @@ def assert_audio_codes(engine, token_ids: list[int]) -> None:
 def test_exactly_n_codes_and_the_documented_samples(engine, n):
     before = dict(engine.runtime.walk_counts)
     result = synthesize(engine, speech(n))
-    chunks = list(submit_speech(engine, speech(n)))
+    chunks = list(engine.submit(speech(n)))
 
     assert len(result.token_ids) == n and result.finish_reason == "length"
     assert_audio_codes(engine, result.token_ids)
@@ -352,7 +352,7 @@ def test_partial_frames_add_no_audio(engine):
 def test_32_concurrent_speech_requests(engine):
     budgets = [1 + (i * 13) % 90 for i in range(32)]
     walks, batches = engine.runtime.walk_counts["vocode"], engine.runtime.node_batches["snac_decoder"]
-    streams = [submit_speech(engine, speech(n, seed=100 + i)) for i, n in enumerate(budgets)]
+    streams = [engine.submit(speech(n, seed=100 + i)) for i, n in enumerate(budgets)]
     results = [collect_speech(stream) for stream in streams]
     walks = engine.runtime.walk_counts["vocode"] - walks
     assert engine.runtime.node_batches["snac_decoder"] - batches < walks    # windows of several requests per forward
@@ -373,7 +373,7 @@ def test_finished_speech_requests_leave_no_garbage_cycles(engine):
     # until the next batch, so the first requests are checked after later ones ran
     def run(budgets):
         results = [collect_speech(stream) for stream in
-                   [submit_speech(engine, speech(n, seed=n)) for n in budgets]]
+                   [engine.submit(speech(n, seed=n)) for n in budgets]]
         assert [len(result.token_ids) for result in results] == budgets
         return [weakref.ref(o) for o in gc.get_objects()
                 if isinstance(o, (StreamState, RequestState, Window, HostPCM))]
@@ -429,17 +429,17 @@ def test_end_of_speech_stops_and_is_never_audio(engine, monkeypatch):
     assert stopped.usage.samples == samples_received(k // 7, engine.model.frame_samples)
     same_codes = synthesize(engine, speech(k, seed=13, top_p=1.0))
     assert stopped.pcm == same_codes.pcm      # the stop item added nothing
-    streamed = list(submit_speech(engine, speech(200, seed=13, top_p=1.0, ignore_eos=False)))
+    streamed = list(engine.submit(speech(200, seed=13, top_p=1.0, ignore_eos=False)))
     assert b"".join(c.pcm for c in streamed) == stopped.pcm and streamed[-1].finish_reason == "stop"
 
 
 def test_bad_speech_requests(engine):
-    with pytest.raises(ValueError, match="voice"):
-        SpeechRequest("hi", voice="nobody")
+    with pytest.raises(ValueError, match="voice"):   # the model's voices, checked by its frontend
+        engine.submit(SpeechRequest("hi", voice="nobody"))
     with pytest.raises(ValueError, match="max_output_tokens"):
         SpeechRequest("hi", max_output_tokens=0)
     with pytest.raises(ValueError, match="context"):
-        submit_speech(engine, speech(10**6))
+        engine.submit(speech(10**6))
 
 
 # ---------------------------------------------------------------- a local checkpoint folder
@@ -532,7 +532,7 @@ def test_snac_graph_path_gives_the_eager_samples(max_windows):
                     graph_set.run = (lambda run, emit: lambda codes, keys:
                                      calls.append((emit, len(keys))) or run(codes, keys))(run, emit)
                     snac.graphs[emit] = graph_set
-            streams = [submit_speech(e, r) for r in requests]
+            streams = [e.submit(r) for r in requests]
             outputs[graphs] = [collect_speech(s) for s in streams]
     for eager, graphed in zip(outputs[False], outputs[True]):
         assert graphed.token_ids == eager.token_ids and len(graphed.pcm) == len(eager.pcm) > 0

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from omniwalk import Engine, EngineArgs
-from omniwalk.models.whisper.audio import decode_audio, load_audio, resample
+from omniwalk.audio import decode_audio, load_audio, resample
 from omniwalk.models.whisper.features import FeatureConfig, LogMelFeatures
-from omniwalk.models.whisper.transcribe import TranscriptionRequest, submit_transcription, transcribe
+from omniwalk.capabilities.transcription import TranscriptionRequest, transcribe
 
 transformers = pytest.importorskip("transformers")
 
@@ -172,7 +172,7 @@ def test_language_detection_and_prompt_equal_hf_generate(engine, checkpoint):
 
 
 def stream_ids(engine, request):
-    chunks = list(submit_transcription(engine, request))
+    chunks = list(engine.submit(request))
     return [t for c in chunks for t in c.token_ids], "".join(c.text for c in chunks), chunks[-1]
 
 
@@ -252,7 +252,7 @@ def test_16_concurrent_transcriptions_equal_each_alone(engine):
                 for i in range(16)]
     alone = [transcribe(engine, r).token_ids for r in requests]
     batches_before = engine.runtime.node_batches["encoder"]
-    streams = [submit_transcription(engine, r) for r in requests]
+    streams = [engine.submit(r) for r in requests]
     together = [[t for c in s for t in c.token_ids] for s in streams]
     assert together == alone
     assert engine.runtime.node_batches["encoder"] - batches_before < 16     # encoder batches were shared
@@ -263,7 +263,7 @@ def test_preemption_under_a_tiny_kv_cache_keeps_outputs(engine):
     expected = [transcribe(engine, r).token_ids for r in requests]
     tight_args = dataclasses.replace(engine.args, kv_cache_tokens=MAX_TARGET + 32, page_size=8)
     with Engine(tight_args) as tight:
-        streams = [submit_transcription(tight, r) for r in requests]
+        streams = [tight.submit(r) for r in requests]
         assert [[t for c in s for t in c.token_ids] for s in streams] == expected
         assert tight.runtime.num_preemptions > 0
         model = tight.model
@@ -275,7 +275,7 @@ def test_cancel_frees_pages_and_cross_attention_slots():
     with Engine(EngineArgs("tiny-whisper", max_num_seqs=4)) as engine:
         model = engine.model
         audio = clip("noise", 70)
-        streams = [submit_transcription(engine, TranscriptionRequest(audio, language="en")) for _ in range(6)]
+        streams = [engine.submit(TranscriptionRequest(audio, language="en")) for _ in range(6)]
         next(iter(streams[0]))                    # it is decoding now; wait for the other three
         deadline = time.monotonic() + 10
         while model.cross.num_free and time.monotonic() < deadline:
@@ -304,21 +304,21 @@ def test_bad_transcription_requests(engine):
         (TranscriptionRequest(audio, prompt="<|endoftext|>"), "special tokens"),
     ]:
         with pytest.raises(ValueError, match=message):
-            submit_transcription(engine, request)
+            engine.submit(request)
     for kwargs, message in [({"task": "dance"}, "task"), ({"max_output_tokens": 0}, "max_output_tokens"),
                             ({"temperature": -1.0}, "temperature")]:
         with pytest.raises(ValueError, match=message):
             TranscriptionRequest(audio, **kwargs)
     with Engine(EngineArgs("tiny-qwen3")) as text_engine:
         with pytest.raises(ValueError, match="does not transcribe"):
-            submit_transcription(text_engine, TranscriptionRequest(audio))
+            text_engine.submit(TranscriptionRequest(audio))
 
 
 def test_sampling_is_seeded_and_batch_invariant(engine):
     audio = CLIPS["noise-29s"]
     requests = [greedy(audio, 16, language="en", temperature=1.0, seed=s) for s in (1, 1, 2)]
     alone = [transcribe(engine, r).token_ids for r in requests]
-    together = [[t for c in s for t in c.token_ids] for s in [submit_transcription(engine, r) for r in requests]]
+    together = [[t for c in s for t in c.token_ids] for s in [engine.submit(r) for r in requests]]
     assert together == alone and alone[0] == alone[1] and alone[0] != alone[2]
 
 
@@ -353,7 +353,7 @@ def test_english_only_checkpoint_equals_hf_generate(checkpoint, tmp_path):
         for request, message in [(greedy(audio, 12, language="de"), "English-only"),
                                  (greedy(audio, 12, task="translate"), "cannot translate")]:
             with pytest.raises(ValueError, match=message):
-                submit_transcription(engine, request)
+                engine.submit(request)
 
 
 def test_decode_graph_path_equals_eager_path(monkeypatch):
@@ -378,7 +378,7 @@ def test_decode_graph_path_equals_eager_path(monkeypatch):
             decoder.decode_graphs = DecodeGraphs(DecoderStep(decoder.model), decoder.cache, 8,
                                                  -(-loaded.max_model_len // args.page_size), decoder.cross)
         with Engine(args, loaded=loaded) as engine:
-            streams = [submit_transcription(engine, r) for r in requests]
+            streams = [engine.submit(r) for r in requests]
             outputs[graphs] = [[t for c in s for t in c.token_ids] for s in streams]
     assert outputs[True] == outputs[False]
     assert sum(len(ids) for ids in outputs[True]) > 100

@@ -334,9 +334,9 @@ def test_serve_tiny_orpheus_process():
 def test_speech_after_shutdown_is_refused():
     """Not enqueued where nothing would ever answer it."""
     from omniwalk.api import Engine
-    from omniwalk.models.orpheus.speech import SpeechRequest, submit_speech
+    from omniwalk.capabilities.speech import SpeechRequest
 
     engine = Engine(EngineArgs("tiny-orpheus", kv_cache_tokens=256))
     engine.shutdown()
     with pytest.raises(RuntimeError, match="shut down"):
-        submit_speech(engine, SpeechRequest(TEXT, max_output_tokens=7))
+        engine.submit(SpeechRequest(TEXT, max_output_tokens=7))

@@ -21,7 +21,7 @@ import soundfile
 
 from omniwalk.client import AsyncClient, Client, ServerError
 from omniwalk.loading import EngineArgs
-from omniwalk.models.whisper.transcribe import TranscriptionRequest, TranscriptSegment, transcribe
+from omniwalk.capabilities.transcription import TranscriptionRequest, TranscriptSegment, transcribe
 from omniwalk.server.transcription import srt, vtt
 
 ROUTE = "/v1/audio/transcriptions"

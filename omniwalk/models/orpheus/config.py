@@ -45,7 +45,7 @@ from dataclasses import dataclass, replace
 
 
 from omniwalk.layers.config import DecoderConfig
-from omniwalk.models import llama
+from omniwalk.models.decoder_lm.config import llama_tiny_config
 from omniwalk.models.orpheus.snac import SNAC_24KHZ, SnacConfig
 
 CODES_PER_FRAME = 7
@@ -146,7 +146,7 @@ def tiny_backbone_config(text_vocab_size: int) -> DecoderConfig:
     """The tiny Llama of `tiny-orpheus`: the tiny tokenizer's ids, then TINY_TOKENS' ids."""
     if text_vocab_size != TINY_TOKENS.base:
         raise ValueError(f"tiny-orpheus expects the {TINY_TOKENS.base}-token tiny tokenizer, got {text_vocab_size}")
-    return replace(llama.tiny_config(TINY_VOCAB_SIZE), eos_token_ids=(TINY_TOKENS.end_of_speech,))
+    return replace(llama_tiny_config(TINY_VOCAB_SIZE), eos_token_ids=(TINY_TOKENS.end_of_speech,))
 
 
 def is_orpheus_config(hf: dict) -> bool:

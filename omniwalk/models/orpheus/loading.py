@@ -1,4 +1,6 @@
-"""Loading Orpheus: the Llama backbone plus a SNAC codec.
+"""What loading Orpheus does differently from the shared pipeline (omniwalk.loading): the
+Llama backbone scores audio codes alone, and a SNAC codec (with its CUDA graphs) is
+loaded before the KV cache.
 
     tiny-orpheus          a tiny Llama over TINY_TOKENS + TINY_SNAC, random weights from
                           EngineArgs.seed (the SNAC from seed + 1); no codec folder
@@ -16,12 +18,9 @@ import logging
 import time
 from pathlib import Path
 
-from omniwalk.engine.kv_cache import PagedKVCache
-from omniwalk.layers.transformer import CausalLM
-from omniwalk.loading import (
-    EngineArgs, LoadedModel, build_module, capture_decode_graphs, capture_prefill_graphs, context_length, kv_cache_shape,
-    quantize_backbone, read_model_source, resolve_device, resolve_dtype, uses_decode_graphs,
-)
+from omniwalk.loading import read_model_source, uses_decode_graphs
+from omniwalk.models.decoder_lm.modeling import CausalLM
+from omniwalk.models.family import LoaderSpec
 from omniwalk.models.orpheus.config import ORPHEUS_3B, TINY_SNAC, TINY_TOKENS, samples_per_frame
 from omniwalk.models.orpheus.model import CENTRE, HEAD, TAIL, WINDOW_FRAMES, OrpheusModel
 from omniwalk.models.orpheus.snac import (
@@ -37,14 +36,15 @@ logger = logging.getLogger(__name__)
 MAX_GRAPH_WINDOWS = 64
 
 
-def codec_folder(args: EngineArgs, folder: Path) -> Path:
+def codec_folder(args, folder: Path) -> Path:
     """Where the SNAC of a checkpoint folder is: EngineArgs.codec, else `<folder>/snac`."""
     return Path(args.codec) if args.codec else folder / "snac"
 
 
-def load_orpheus(args: EngineArgs, family, folder: Path | None) -> LoadedModel:
-    device = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype, device)
+def read_orpheus_source(ctx) -> None:
+    """The shared source (config, tokenizer, weights), the checkpoint's token layout, and
+    where its SNAC is; end_of_speech is the one EOS."""
+    args, folder = ctx.args, ctx.folder
     if folder is None and args.codec:
         raise ValueError(f"{args.model} has its codec built in; `codec` is for checkpoint folders")
     tokens = TINY_TOKENS if folder is None else ORPHEUS_3B
@@ -53,21 +53,29 @@ def load_orpheus(args: EngineArgs, family, folder: Path | None) -> LoadedModel:
         raise FileNotFoundError(f"Orpheus needs a local SNAC folder (config.json + weights, as "
                                 f"hubertsiuzdak/snac_24khz ships): none at {snac_folder}; pass "
                                 f"EngineArgs(codec=...) or place it at {folder / 'snac'}")
-    config, tokenizer, _, random_weights = read_model_source(args, family, folder)
-    if config.vocab_size < tokens.audio_end:
-        raise ValueError(f"vocabulary of {config.vocab_size} ids lacks Orpheus' audio codes (up to {tokens.audio_end})")
+    read_model_source(ctx)
+    if ctx.config.vocab_size < tokens.audio_end:
+        raise ValueError(f"vocabulary of {ctx.config.vocab_size} ids lacks Orpheus' audio codes "
+                         f"(up to {tokens.audio_end})")
+    ctx.eos_token_ids = frozenset({tokens.end_of_speech})
+    ctx.resources.update(tokens=tokens, snac_folder=snac_folder)
 
-    lm = build_module(lambda: CausalLM(config), device, dtype, random_weights, args.seed, folder)
-    lm.logit_ids = tokens.sampled_ids   # before the decode graphs capture the LM head
-    quantize_backbone(args, lm)
-    snac = _load_snac(snac_folder, random_weights, args.seed + 1).to(device).eval()
+
+def score_sampled_ids_only(ctx) -> None:
+    """Before the decode graphs capture the LM head: it scores the sampled ids alone."""
+    ctx.module.logit_ids = ctx.resources["tokens"].sampled_ids
+
+
+def load_codec(ctx) -> None:
+    """The SNAC decoder, and on CUDA its graphs, before the KV cache takes what memory is left."""
+    tokens, snac_folder = ctx.resources["tokens"], ctx.resources["snac_folder"]
+    snac = _load_snac(snac_folder, ctx.random_weights, ctx.args.seed + 1).to(ctx.device).eval()
     if snac.config.codebook_size != tokens.codebook_size:
         raise ValueError(f"SNAC codebook of {snac.config.codebook_size} entries; the checkpoint's "
                          f"audio ids need {tokens.codebook_size}")
-
     snac_graphs = None
-    if uses_decode_graphs(args, device):   # before the KV cache, which takes what memory is left
-        windows, frame = min(args.max_num_seqs, MAX_GRAPH_WINDOWS), samples_per_frame(snac.config)
+    if uses_decode_graphs(ctx.args, ctx.device):
+        windows, frame = min(ctx.args.max_num_seqs, MAX_GRAPH_WINDOWS), samples_per_frame(snac.config)
         # one set per frame range a full window emits: a request's first window, the centre
         # (every other window), the final flush; each decodes only its samples
         snac_graphs = {emit: SnacGraphs(snac, WINDOW_FRAMES, windows, keep=(emit[0] * frame, emit[1] * frame))
@@ -77,17 +85,18 @@ def load_orpheus(args: EngineArgs, family, folder: Path | None) -> LoadedModel:
             graphs.capture()
         logger.info("captured SNAC CUDA graphs (first, centre and last windows) for %s windows in %.1f s",
                     snac_graphs[CENTRE].buckets, time.perf_counter() - started)
-    max_model_len = context_length(args, config)
-    shape = kv_cache_shape(args, config, device, dtype)
-    cache = PagedKVCache(shape, dtype, device)
-    graphs = capture_decode_graphs(args, lm, cache, max_model_len)
-    served = OrpheusModel(lm, cache, snac, tokens, max_batch_size=args.max_num_seqs, decode_graphs=graphs,
-                          snac_graphs=snac_graphs, prefill_graphs=capture_prefill_graphs(lm, graphs))
-    logger.info("loaded %s (orpheus, %s on %s%s; SNAC %s); KV cache: %d tokens",
-                args.model, dtype, device, ", random weights" if random_weights else "",
-                snac_folder or "built-in", shape.capacity_tokens)
-    return LoadedModel(args.model, served, config, tokenizer, device, dtype, max_model_len,
-                       frozenset({tokens.end_of_speech}), random_weights)
+    logger.info("SNAC codec: %s", snac_folder or "built-in, random weights")
+    ctx.resources.update(snac=snac, snac_graphs=snac_graphs)
+
+
+def serve_orpheus(ctx) -> OrpheusModel:
+    return OrpheusModel(ctx.module, ctx.cache, ctx.resources["snac"], ctx.resources["tokens"],
+                        max_batch_size=ctx.args.max_num_seqs, decode_graphs=ctx.decode_graphs,
+                        snac_graphs=ctx.resources["snac_graphs"], prefill_graphs=ctx.prefill_graphs)
+
+
+ORPHEUS_LOADER = LoaderSpec(build=CausalLM, read_source=read_orpheus_source, after_weights=score_sampled_ids_only,
+                            resources=load_codec, serve=serve_orpheus)
 
 
 def _load_snac(folder: Path | None, random_weights: bool, seed: int) -> SnacDecoder:

@@ -337,9 +337,3 @@ class OrpheusModel:
 
     def plan(self, view: StreamView) -> WalkCall | None:
         return orpheus_plan(self.tokens, view)
-
-    def warmup_requests(self, max_model_len: int) -> list:
-        """Speech requests that sample (eagerly at prefill, then in the decode graphs) and
-        decode SNAC windows: what the first real requests would compile, compiled at load."""
-        from omniwalk.models.orpheus.speech import warmup_requests   # speech.py builds on this module
-        return warmup_requests(self, max_model_len)

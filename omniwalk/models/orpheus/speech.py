@@ -1,9 +1,9 @@
-"""In-process text-to-speech on an Orpheus engine (the /v1/audio/speech route is a thin layer on it).
+"""Orpheus' speech capability: its frontend (SpeechRequest -> runtime Request), its output
+processor (runtime outputs -> SpeechChunks) and its warm-up requests.
 
     engine = Engine(EngineArgs("tiny-orpheus"))
-    for chunk in submit_speech(engine, SpeechRequest("Hello there", voice="tara")):
+    for chunk in engine.submit(SpeechRequest("Hello there", voice="tara")):
         play(chunk.pcm)                   # int16 little-endian, 24 kHz, mono
-    result = synthesize(engine, SpeechRequest("Hello there", seed=7))   # all of it at once
 
 Counting: `max_output_tokens` (N) is the budget of the codes stream: exactly N audio-code
 tokens unless end_of_speech stops it first (the stop id counts toward N and is listed in
@@ -14,83 +14,17 @@ see `model.py` for which window each sample comes from.
 
 from __future__ import annotations
 
-import asyncio
-import time
-from dataclasses import dataclass, field
+from typing import Callable
 
-from omniwalk.engine.sampler import SamplingParams
+from omniwalk.capabilities import Prepared
+from omniwalk.capabilities.speech import SpeechChunk, SpeechFrontend, SpeechRequest, SpeechUsage
+from omniwalk.models.decoder_lm.model import WARMUP_PROMPT_TOKENS, WARMUP_REQUESTS, warmup_prompt
 from omniwalk.models.orpheus.config import CODES_PER_FRAME, VOICES
 from omniwalk.models.orpheus.model import (
-    AUDIO_STREAM, CODES_STREAM, OrpheusModel, OrpheusPrompt, complete_frames, samples_received,
+    AUDIO_STREAM, CODES_STREAM, OrpheusModel, OrpheusPrompt, complete_frames,
 )
-from omniwalk.models.text_lm import WARMUP_PROMPT_TOKENS, WARMUP_REQUESTS, warmup_prompt
 from omniwalk.runtime import Request, RequestOutput, StopConfig, StreamParams
-
-__all__ = [
-    "SpeechChunk", "SpeechRequest", "SpeechResult", "SpeechUsage", "collect_speech", "samples_received",
-    "submit_speech", "synthesize",
-]
-
-
-@dataclass(frozen=True)
-class SpeechRequest:
-    """One text-to-speech request. Sampling defaults are those of Orpheus' own examples."""
-
-    input: str
-    voice: str | None = "tara"        # one of VOICES; None: no voice prefix (pretrained checkpoints)
-    max_output_tokens: int = 1200     # audio-code tokens (7 per frame of 2048 samples)
-    ignore_eos: bool = False
-    temperature: float = 0.6
-    top_p: float = 0.95
-    repetition_penalty: float = 1.1   # Orpheus needs >= 1.1 for stable speech
-    seed: int | None = None           # None: drawn by the engine
-
-    def __post_init__(self):
-        if not self.input or not self.input.strip():
-            raise ValueError("input is empty")
-        if self.voice is not None and self.voice not in VOICES:
-            raise ValueError(f"unknown voice {self.voice!r}; available: {', '.join(VOICES)}")
-        if self.max_output_tokens < 1:
-            raise ValueError(f"max_output_tokens must be >= 1, got {self.max_output_tokens}")
-        self.sampling()   # validates temperature, top_p, repetition_penalty
-
-    def sampling(self, seed: int | None = None) -> SamplingParams:
-        return SamplingParams(temperature=self.temperature, top_p=self.top_p,
-                              repetition_penalty=self.repetition_penalty, seed=seed)
-
-
-@dataclass
-class SpeechUsage:
-    prompt_tokens: int
-    output_tokens: int      # budgeted items of the codes stream, a stopping end_of_speech included
-    codes: int              # audio codes among them
-    frames: int             # complete frames: codes // 7
-    samples: int            # PCM samples sent: samples_received(frames)
-
-
-@dataclass
-class SpeechChunk:
-    """Audio one request produced in an engine step, and the codes sampled since the last
-    chunk; the last one has `finished` set."""
-
-    request_id: str
-    pcm: bytes                                        # int16 little-endian mono samples
-    token_ids: list[int] = field(default_factory=list)   # code tokens sampled this step
-    finished: bool = False
-    finish_reason: str | None = None
-    usage: SpeechUsage | None = None
-    error: str | None = None
-
-
-@dataclass
-class SpeechResult:
-    request_id: str
-    pcm: bytes
-    token_ids: list[int]
-    sampling_rate: int
-    finish_reason: str
-    usage: SpeechUsage
-    error: str | None = None
+from omniwalk.tokenizer import encode
 
 
 class SpeechOutputProcessor:
@@ -135,45 +69,54 @@ class SpeechOutputProcessor:
                                              complete_frames(self.num_codes), self.num_samples))
 
 
-def speech_prompt(engine, request: SpeechRequest) -> list[int]:
-    """Framed prompt ids: [start_of_human] bos "voice: text" [eot end_of_human start_of_ai start_of_speech]."""
-    text = f"{request.voice}: {request.input}" if request.voice else request.input
-    return engine.model.tokens.prompt_ids(engine.encode(text, "the input"))
+class OrpheusSpeechFrontend(SpeechFrontend):
+    """SpeechRequest -> the framed prompt, a code stream budgeted at `max_output_tokens`
+    and stopped by end_of_speech, and the audio stream SNAC decodes it into."""
+
+    voices = VOICES
+
+    def __init__(self, model: OrpheusModel, tokenizer, max_model_len: int, kv_capacity_tokens: int):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.kv_capacity_tokens = kv_capacity_tokens
+        self.sampling_rate = model.sampling_rate
+
+    def prompt_ids(self, request: SpeechRequest) -> list[int]:
+        """[start_of_human] bos "voice: text" [eot end_of_human start_of_ai start_of_speech]."""
+        text = f"{request.voice}: {request.input}" if request.voice else request.input
+        return self.model.tokens.prompt_ids(encode(self.tokenizer, text, "the input"))
+
+    def prepare(self, request: SpeechRequest, request_id: str, draw_seed: Callable[[], int]) -> Prepared:
+        if request.voice is not None and request.voice not in self.voices:
+            raise ValueError(f"unknown voice {request.voice!r}; available: {', '.join(self.voices)}")
+        prompt_ids = self.prompt_ids(request)
+        budget = request.max_output_tokens
+        if len(prompt_ids) + budget > self.max_model_len:
+            raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_output_tokens ({budget}) exceeds the "
+                             f"context length {self.max_model_len}")
+        if len(prompt_ids) + budget > self.kv_capacity_tokens:
+            raise ValueError(f"prompt + max_output_tokens ({len(prompt_ids) + budget}) exceeds the KV cache "
+                             f"({self.kv_capacity_tokens} tokens)")
+        seed = request.seed if request.seed is not None else draw_seed()
+        stop = StopConfig(eos_ids=frozenset({self.model.tokens.end_of_speech}), ignore_eos=request.ignore_eos)
+        runtime_request = Request(request_id, OrpheusPrompt(prompt_ids), {
+            CODES_STREAM: StreamParams(budget, stop, request.sampling(seed), seed),
+            AUDIO_STREAM: StreamParams(seed=seed)})   # the seed keys SNAC's noise
+        return Prepared(runtime_request, SpeechOutputProcessor(request_id, len(prompt_ids), self.model), prompt_ids)
 
 
-def submit_speech(engine, request: SpeechRequest, loop: asyncio.AbstractEventLoop | None = None,
-                  request_id: str | None = None):
-    """Validate and enqueue a speech request on an Orpheus engine; returns its RequestStream
-    of SpeechChunks. Raises ValueError (bad input) or QueueFullError (server full)."""
-    model = engine.model
-    if not isinstance(model, OrpheusModel):
-        raise ValueError(f"model {engine.loaded.name!r} does not produce speech")
-    if engine.loop_error is not None:
-        raise RuntimeError(f"the engine loop died: {engine.loop_error!r}")
-    prompt_ids = speech_prompt(engine, request)
-    budget = request.max_output_tokens
-    if len(prompt_ids) + budget > engine.max_model_len:
-        raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_output_tokens ({budget}) exceeds the "
-                         f"context length {engine.max_model_len}")
-    if len(prompt_ids) + budget > engine.loaded.kv_capacity_tokens:
-        raise ValueError(f"prompt + max_output_tokens ({len(prompt_ids) + budget}) exceeds the KV cache "
-                         f"({engine.loaded.kv_capacity_tokens} tokens)")
-    seed = request.seed if request.seed is not None else engine.draw_seed()
-    stop = StopConfig(eos_ids=frozenset({model.tokens.end_of_speech}), ignore_eos=request.ignore_eos)
-    request_id = request_id or engine.new_request_id()
-    runtime_request = Request(
-        request_id, OrpheusPrompt(prompt_ids),
-        {CODES_STREAM: StreamParams(budget, stop, request.sampling(seed), seed),
-         AUDIO_STREAM: StreamParams(seed=seed)},   # the seed keys SNAC's noise
-        arrival=time.monotonic(),
-    )
-    processor = SpeechOutputProcessor(request_id, len(prompt_ids), model)
-    return engine.submit_request(runtime_request, processor, prompt_ids, loop)
+def speech_frontends(loaded) -> list[OrpheusSpeechFrontend]:
+    return [OrpheusSpeechFrontend(loaded.served, loaded.tokenizer, loaded.max_model_len, loaded.kv_capacity_tokens)]
+
+
+def speech_warmup(loaded) -> list[Request]:
+    return warmup_requests(loaded.served, loaded.max_model_len)
 
 
 def warmup_requests(model: OrpheusModel, max_model_len: int) -> list[Request]:
     """Eight speech requests of five frames (a SNAC window, then the flush) with the default
-    sampling, built as `submit_speech` builds them; their prompts (~40 ids of the text
+    sampling, built as the frontend builds them; their prompts (~40 ids of the text
     vocabulary each) are prefilled in one eager pass beyond the prefill graphs' buckets."""
     text_len = max(1, min(WARMUP_PROMPT_TOKENS - 6, max_model_len // 4))
     budget = max(1, min(5 * CODES_PER_FRAME, max_model_len - text_len - 6))
@@ -185,19 +128,3 @@ def warmup_requests(model: OrpheusModel, max_model_len: int) -> list[Request]:
             CODES_STREAM: StreamParams(budget, stop, SpeechRequest("warm-up").sampling(i), i),
             AUDIO_STREAM: StreamParams(seed=i)}))
     return requests
-
-
-def collect_speech(stream) -> SpeechResult:
-    """Drain a speech RequestStream into one result (the same bytes the chunks carry)."""
-    pcm, ids, last = [], [], None
-    for last in stream:
-        pcm.append(last.pcm)
-        ids += last.token_ids
-    model = stream.engine.model
-    return SpeechResult(stream.request_id, b"".join(pcm), ids, model.sampling_rate,
-                        last.finish_reason, last.usage, last.error)
-
-
-def synthesize(engine, request: SpeechRequest) -> SpeechResult:
-    return collect_speech(submit_speech(engine, request))
-

@@ -1,12 +1,18 @@
 """Qwen3.5 text models: hybrid Gated DeltaNet + gated attention (`model.Qwen3_5ForCausalLM`),
-served with a recurrent-state slot per request beside the paged KV cache
-(`loading.load_qwen3_5`). The vision tower of Qwen3_5ForConditionalGeneration
-checkpoints is not served yet: their language model loads alone.
+served with a recurrent-state slot per request beside the paged KV cache (`loading.py`).
+The vision tower of Qwen3_5ForConditionalGeneration checkpoints is not served yet: their
+language model loads alone.
 
 Kernels: `omniwalk.layers.gated_delta_rule` (chunked prefill, recurrent decode) and
 `omniwalk.layers.causal_conv` (short convolution with state), torch on CPU.
 """
 
+from omniwalk.models.decoder_lm.model import text_frontends, text_warmup
+from omniwalk.models.family import ModelFamily
 from omniwalk.models.qwen3_5.config import Qwen3_5Config, config_from_hf, tiny_config
+from omniwalk.models.qwen3_5.loading import QWEN3_5_LOADER
 
-__all__ = ["Qwen3_5Config", "config_from_hf", "tiny_config"]
+FAMILY = ModelFamily("qwen3_5", ("qwen3_5", "qwen3_5_text"), config_from_hf, tiny_config, QWEN3_5_LOADER,
+                     frontends=text_frontends, warmup=text_warmup)
+
+__all__ = ["FAMILY", "Qwen3_5Config", "config_from_hf", "tiny_config"]

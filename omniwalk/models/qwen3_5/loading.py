@@ -1,8 +1,7 @@
-"""Loads a Qwen3.5 text model (built-in tiny or a local checkpoint folder) for serving.
-
-Like `omniwalk.loading.load_text_model`, plus a `StatePool` for the Gated DeltaNet
-layers, a KV cache for the full-attention layers only, and checkpoint names mapped from
-either checkpoint kind:
+"""What loading a Qwen3.5 text model does differently from the shared pipeline
+(omniwalk.loading): a `StatePool` for the Gated DeltaNet layers, allocated before the KV
+cache; a KV cache for the full-attention layers only, without prefix caching; and
+checkpoint names mapped from either checkpoint kind:
 
     Qwen3_5ForCausalLM                  model.layers.0...         -> model.layers.0...
     Qwen3_5ForConditionalGeneration     model.language_model.X    -> model.X
@@ -13,7 +12,6 @@ either checkpoint kind:
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import torch
 
@@ -22,12 +20,11 @@ from omniwalk.engine.hybrid_lm_executor import HybridLMExecutor
 from omniwalk.engine.kv_cache import PagedKVCache
 from omniwalk.engine.prefill_graphs import PrefillGraphs
 from omniwalk.engine.state_pool import StatePool, StatePoolShape
-from omniwalk.loading import (EngineArgs, LoadedModel, capture_decode_graphs, capture_prefill_graphs, kv_cache_shape,
-                              read_model_source, resolve_device, resolve_dtype, uses_decode_graphs)
-from omniwalk.models.loader import init_random_weights, load_checkpoint_weights
+from omniwalk.loading import uses_decode_graphs
+from omniwalk.models.decoder_lm.model import BACKBONE, TextGenerationModel, text_generation_graph
+from omniwalk.models.family import LoaderSpec
 from omniwalk.models.qwen3_5.config import Qwen3_5Config
 from omniwalk.models.qwen3_5.model import Qwen3_5ForCausalLM
-from omniwalk.models.text_lm import BACKBONE, TextGenerationModel, text_generation_graph
 
 logger = logging.getLogger(__name__)
 
@@ -71,40 +68,27 @@ def state_pool_shape(config: Qwen3_5Config, num_slots: int) -> StatePoolShape:
     )
 
 
-def load_qwen3_5(args: EngineArgs, family, folder: Path | None) -> LoadedModel:
-    device = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype, device)
-    config, tokenizer, eos, random_weights = read_model_source(args, family, folder)
+def allocate_state_pool(ctx) -> None:
+    """One recurrent-state slot per running request (+ the decode graphs' scratch slot),
+    allocated before the KV cache, which takes what is left."""
+    args, config = ctx.args, ctx.config
+    num_slots = args.max_num_seqs + (1 if uses_decode_graphs(args, ctx.device) else 0)
+    ctx.slot_resource = StatePool(state_pool_shape(config, num_slots), ctx.dtype, ctx.device)
+    logger.info("recurrent state (%d layers): %d slots of %.1f MiB", ctx.slot_resource.shape.num_layers,
+                num_slots, ctx.slot_resource.shape.bytes_per_slot(ctx.dtype) / 2**20)
 
-    with torch.device(device):
-        lm = Qwen3_5ForCausalLM(config).to(dtype)
-    if random_weights:
-        init_random_weights(lm, args.seed)
-    else:
-        skipped = load_checkpoint_weights(lm, folder, rename=checkpoint_name)
-        if skipped:
-            parts = sorted({prefix for prefix in SKIPPED_PREFIXES for name in skipped if name.startswith(prefix)})
-            logger.info("%s: %d checkpoint tensors not loaded (%s*: not part of the text model)",
-                        folder, len(skipped), "*, ".join(parts))
-    lm.eval()
 
-    # One slot per running request (+ the decode graphs' scratch slot). Allocated before
-    # the KV cache, which takes what is left.
-    num_slots = args.max_num_seqs + (1 if uses_decode_graphs(args, device) else 0)
-    pool = StatePool(state_pool_shape(config, num_slots), dtype, device)
-    max_model_len = min(config.max_position_embeddings, args.max_model_len or config.max_position_embeddings)
-    shape = kv_cache_shape(args, config, device, dtype, num_layers=len(config.full_attention_layers))
-    if args.enable_prefix_caching:
-        logger.info("prefix caching is off for %s: a shared KV prefix would also need the recurrent "
-                    "state at its end", family.name)
-    cache = PagedKVCache(shape, dtype, device, enable_prefix_caching=False)
-    graphs = capture_decode_graphs(args, lm, cache, max_model_len, slot_resource=pool)
-    prefill = capture_prefill_graphs(lm, graphs, conv_kernel=config.linear_conv_kernel_dim)
-    served = HybridTextGenerationModel(lm, cache, pool, max_batch_size=args.max_num_seqs, decode_graphs=graphs,
-                                       prefill_graphs=prefill)
-    logger.info("loaded %s (%s, %s on %s%s); KV cache (%d attention layers): %d tokens in %d pages of %d; "
-                "recurrent state (%d layers): %d slots of %.1f MiB",
-                args.model, family.name, dtype, device, ", random weights" if random_weights else "",
-                shape.num_layers, shape.capacity_tokens, shape.num_pages, shape.page_size,
-                pool.shape.num_layers, pool.num_slots, pool.shape.bytes_per_slot(dtype) / 2**20)
-    return LoadedModel(args.model, served, config, tokenizer, device, dtype, max_model_len, eos, random_weights)
+def serve_hybrid_model(ctx) -> HybridTextGenerationModel:
+    return HybridTextGenerationModel(ctx.module, ctx.cache, ctx.slot_resource, max_batch_size=ctx.args.max_num_seqs,
+                                     decode_graphs=ctx.decode_graphs, prefill_graphs=ctx.prefill_graphs)
+
+
+QWEN3_5_LOADER = LoaderSpec(
+    build=Qwen3_5ForCausalLM,
+    rename=lambda config, name: checkpoint_name(name),
+    resources=allocate_state_pool,
+    kv_layout=lambda config: (len(config.full_attention_layers), config.num_kv_heads, config.head_dim),
+    no_prefix_caching="a shared KV prefix would also need the recurrent state at its end",
+    conv_kernel=lambda config: config.linear_conv_kernel_dim,
+    serve=serve_hybrid_model,
+)

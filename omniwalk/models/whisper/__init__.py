@@ -1,10 +1,20 @@
 """Whisper speech recognition: an audio encoder feeding a text decoder with cross-attention.
 
-The registry imports this package for the family line; the served model lives in
-`model.py` (graph and plan) and `executors.py` (the encoder and decoder nodes), its
-loader in `loading.py`, the in-process transcription API in `transcribe.py`.
+    config.py       model and generation configs (forced prompt, languages, suppression)
+    features.py     log-mel features of 30 s windows
+    modeling.py     the encoder and decoder modules
+    model.py        the served model: graph (encode, prefill, decode), plan
+    executors.py    the encoder and decoder nodes
+    loading.py      what its loading adds to the shared pipeline (cross-attention slots)
+    transcribe.py   the transcription frontend, output processor and warm-up requests
 """
 
+from omniwalk.models.family import ModelFamily
 from omniwalk.models.whisper.config import config_from_hf, tiny_config
+from omniwalk.models.whisper.loading import WHISPER_LOADER
+from omniwalk.models.whisper.transcribe import transcription_frontends, transcription_warmup
 
-__all__ = ["config_from_hf", "tiny_config"]
+FAMILY = ModelFamily("whisper", ("whisper",), config_from_hf, tiny_config, WHISPER_LOADER,
+                     frontends=transcription_frontends, warmup=transcription_warmup)
+
+__all__ = ["FAMILY"]

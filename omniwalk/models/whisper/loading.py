@@ -1,4 +1,4 @@
-"""Loading Whisper.
+"""What loading Whisper does differently from the shared pipeline (omniwalk.loading).
 
     tiny-whisper          tiny widths (config.tiny_config), random weights from EngineArgs.seed;
                           tokenizer, generation and preprocessor configs in assets/tiny-whisper
@@ -20,21 +20,17 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from types import SimpleNamespace
-
 
 from omniwalk.engine.cross_attention import CrossAttentionCache, CrossAttentionShape
-from omniwalk.engine.kv_cache import PagedKVCache
-from omniwalk.loading import (
-    EngineArgs, LoadedModel, NoTokenizer, build_module, capture_decode_graphs, has_tokenizer_files, kv_cache_shape,
-    load_tokenizer, resolve_device, resolve_dtype, uses_decode_graphs,
-)
+from omniwalk.loading import uses_decode_graphs
+from omniwalk.models.family import LoaderSpec
 from omniwalk.models.loader import read_hf_config
 from omniwalk.models.whisper.config import WhisperConfig, WhisperGenerationConfig, tiny_config
 from omniwalk.models.whisper.executors import DecoderStep
 from omniwalk.models.whisper.features import FeatureConfig, LogMelFeatures
 from omniwalk.models.whisper.model import WhisperTranscriptionModel
 from omniwalk.models.whisper.modeling import WhisperForConditionalGeneration
+from omniwalk.tokenizer import NoTokenizer, has_tokenizer_files, load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -48,43 +44,56 @@ def read_feature_config(folder: Path, num_mel_bins: int) -> FeatureConfig:
     return FeatureConfig.from_preprocessor_config(json.loads(path.read_text()), num_mel_bins)
 
 
-def load_whisper(args: EngineArgs, family, folder: Path | None) -> LoadedModel:
-    device = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype, device)
+def read_whisper_source(ctx) -> None:
+    """Config, tokenizer, generation config (forced prompt, suppression, EOS) and the
+    log-mel feature extractor of the tiny built-in or a checkpoint folder."""
+    folder = ctx.folder
     source = TINY_ASSETS if folder is None else folder
     if folder is None:
-        tokenizer = load_tokenizer(TINY_ASSETS)
-        config = tiny_config(len(tokenizer))
-        random_weights = True
+        ctx.tokenizer = load_tokenizer(TINY_ASSETS)
+        ctx.config = tiny_config(len(ctx.tokenizer))
+        ctx.random_weights = True
     else:
-        config = WhisperConfig.from_hf(read_hf_config(folder))
-        tokenizer = load_tokenizer(folder) if has_tokenizer_files(folder) else NoTokenizer()
-        random_weights = args.load_format == "dummy"
+        ctx.config = WhisperConfig.from_hf(read_hf_config(folder))
+        ctx.tokenizer = load_tokenizer(folder) if has_tokenizer_files(folder) else NoTokenizer()
+        ctx.random_weights = ctx.args.load_format == "dummy"
     generation = WhisperGenerationConfig.from_folder(source)
-    feature_config = read_feature_config(source, config.num_mel_bins)
-    if feature_config.num_frames != config.num_frames:
-        raise ValueError(f"windows of {feature_config.num_frames} mel frames; the encoder takes {config.num_frames}")
+    feature_config = read_feature_config(source, ctx.config.num_mel_bins)
+    if feature_config.num_frames != ctx.config.num_frames:
+        raise ValueError(f"windows of {feature_config.num_frames} mel frames; the encoder takes "
+                         f"{ctx.config.num_frames}")
+    ctx.eos_token_ids = generation.eos_token_ids
+    ctx.resources.update(generation=generation, features=LogMelFeatures(feature_config))
 
-    tied = config.tie_word_embeddings
-    net = build_module(lambda: WhisperForConditionalGeneration(config), device, dtype, random_weights, args.seed,
-                       folder, rename=lambda name: None if tied and name == "proj_out.weight" else name)
 
-    num_slots = args.max_num_seqs + (1 if uses_decode_graphs(args, device) else 0)
-    cross = CrossAttentionCache(CrossAttentionShape(
+def allocate_cross_attention(ctx) -> None:
+    """One cross-attention slot per running request (+ one for the decode graphs' padded rows)."""
+    config = ctx.config
+    num_slots = ctx.args.max_num_seqs + (1 if uses_decode_graphs(ctx.args, ctx.device) else 0)
+    ctx.slot_resource = CrossAttentionCache(CrossAttentionShape(
         config.decoder_layers, num_slots, config.max_source_positions, config.decoder_attention_heads,
-        config.decoder_head_dim), dtype, device)
-    layout = SimpleNamespace(num_layers=config.decoder_layers, num_kv_heads=config.decoder_attention_heads,
-                             head_dim=config.decoder_head_dim)
-    shape = kv_cache_shape(args, layout, device, dtype)
-    if shape.capacity_tokens < config.max_target_positions:
-        raise ValueError(f"the KV cache holds {shape.capacity_tokens} tokens; one Whisper window needs "
+        config.decoder_head_dim), ctx.dtype, ctx.device)
+
+
+def serve_whisper(ctx) -> WhisperTranscriptionModel:
+    config = ctx.config
+    if ctx.cache.shape.capacity_tokens < config.max_target_positions:
+        raise ValueError(f"the KV cache holds {ctx.cache.shape.capacity_tokens} tokens; one Whisper window needs "
                          f"{config.max_target_positions}")
-    cache = PagedKVCache(shape, dtype, device, enable_prefix_caching=False)
-    graphs = capture_decode_graphs(args, DecoderStep(net), cache, config.max_target_positions, slot_resource=cross)
-    served = WhisperTranscriptionModel(net, cache, cross, generation, LogMelFeatures(feature_config),
-                                       max_batch_size=args.max_num_seqs, decode_graphs=graphs)
-    logger.info("loaded %s (whisper, %s on %s%s); %d cross-attention slots, KV cache: %d tokens",
-                args.model, dtype, device, ", random weights" if random_weights else "",
-                args.max_num_seqs, shape.capacity_tokens)
-    return LoadedModel(args.model, served, config, tokenizer, device, dtype, config.max_target_positions,
-                       generation.eos_token_ids, random_weights)
+    return WhisperTranscriptionModel(ctx.module, ctx.cache, ctx.slot_resource, ctx.resources["generation"],
+                                     ctx.resources["features"], max_batch_size=ctx.args.max_num_seqs,
+                                     decode_graphs=ctx.decode_graphs)
+
+
+WHISPER_LOADER = LoaderSpec(
+    build=WhisperForConditionalGeneration,
+    read_source=read_whisper_source,
+    rename=lambda config, name: None if config.tie_word_embeddings and name == "proj_out.weight" else name,
+    resources=allocate_cross_attention,
+    max_model_len=lambda ctx: ctx.config.max_target_positions,
+    kv_layout=lambda config: (config.decoder_layers, config.decoder_attention_heads, config.decoder_head_dim),
+    no_prefix_caching="a decoder's keys depend on its audio through cross-attention",
+    decode_step=lambda ctx: DecoderStep(ctx.module),
+    prefill_graphs=False,
+    serve=serve_whisper,
+)

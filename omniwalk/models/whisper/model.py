@@ -96,8 +96,3 @@ class WhisperTranscriptionModel:
 
     def plan(self, view: StreamView) -> WalkCall | None:
         return whisper_plan(view)
-
-    def warmup_requests(self, max_model_len: int) -> list:
-        """See `transcribe.warmup_requests` (the `Engine`'s startup warm-up)."""
-        from omniwalk.models.whisper.transcribe import warmup_requests   # transcribe.py builds on this module
-        return warmup_requests(self, max_model_len)

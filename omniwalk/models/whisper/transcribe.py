@@ -1,10 +1,10 @@
-"""In-process speech recognition on a Whisper engine (the /v1/audio/transcriptions route is a
-thin layer on it).
+"""Whisper's transcription capability: its frontend (TranscriptionRequest -> windows of
+features and the forced prompt), its output processor (runtime outputs -> text deltas and
+segments) and its warm-up requests.
 
     engine = Engine(EngineArgs("tiny-whisper"))
-    for chunk in submit_transcription(engine, TranscriptionRequest(wav_bytes, language="en")):
+    for chunk in engine.submit(TranscriptionRequest(wav_bytes, language="en")):
         print(chunk.text, end="")                       # text deltas, with their token ids
-    result = transcribe(engine, TranscriptionRequest(samples))   # all of it at once
 
 Audio: bytes of a WAV/FLAC/MP3/OGG file (decoded, mixed to mono, resampled to 16 kHz),
 or float32 samples at 16 kHz. Unreadable or empty audio raises ValueError.
@@ -25,98 +25,21 @@ also the largest N accepted.
 
 from __future__ import annotations
 
-import asyncio
-import time
-from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
+from omniwalk.audio import load_audio
+from omniwalk.capabilities import Prepared
+from omniwalk.capabilities.transcription import (
+    TranscriptionChunk, TranscriptionFrontend, TranscriptionRequest, TranscriptionUsage, TranscriptSegment,
+)
 from omniwalk.detokenizer import IncrementalDetokenizer
 from omniwalk.engine.sampler import SamplingParams
-from omniwalk.models.whisper.audio import load_audio
-from omniwalk.models.whisper.config import TASKS, language_name
+from omniwalk.models.whisper.config import language_name
 from omniwalk.models.whisper.executors import WindowInfo
 from omniwalk.models.whisper.model import TRANSCRIPT_STREAM, TranscriptionInputs, WhisperTranscriptionModel
 from omniwalk.runtime import FinishReason, Request, RequestOutput, StopConfig, StreamParams
-
-__all__ = [
-    "TranscriptSegment", "TranscriptionChunk", "TranscriptionRequest", "TranscriptionResult", "TranscriptionUsage",
-    "collect_transcription", "submit_transcription", "transcribe",
-]
-
-
-@dataclass(frozen=True)
-class TranscriptionRequest:
-    """One transcription. `language` None: detected from the first window (multilingual models)."""
-
-    audio: np.ndarray | bytes           # file bytes, or float32 mono samples at 16 kHz
-    language: str | None = None         # "en", "english" or "<|en|>"
-    prompt: str | None = None           # previous text to condition every window on
-    task: str = "transcribe"            # or "translate" (into English)
-    max_output_tokens: int | None = None
-    temperature: float = 0.0            # 0: greedy
-    seed: int | None = None             # None: drawn by the engine
-
-    def __post_init__(self):
-        if self.task not in TASKS:
-            raise ValueError(f"task must be one of {TASKS}, got {self.task!r}")
-        if self.max_output_tokens is not None and self.max_output_tokens < 1:
-            raise ValueError(f"max_output_tokens must be >= 1, got {self.max_output_tokens}")
-        self.sampling()   # validates temperature
-
-    def sampling(self, seed: int | None = None) -> SamplingParams:
-        return SamplingParams(temperature=self.temperature, seed=seed)
-
-
-@dataclass
-class TranscriptionUsage:
-    output_tokens: int      # budgeted items of the transcript stream, a stopping EOS included
-    audio_seconds: float    # duration of the audio received
-    windows: int            # 30 s windows of the audio
-
-
-@dataclass
-class TranscriptSegment:
-    """One window's transcript."""
-
-    window: int
-    start: float            # seconds into the audio
-    end: float
-    text: str               # stripped
-    token_ids: list[int]    # its transcript tokens (no EOS)
-
-
-@dataclass
-class TranscriptionChunk:
-    """What one request produced in one engine step; the last one has `finished` set."""
-
-    request_id: str
-    text: str                                             # text delta
-    token_ids: list[int] = field(default_factory=list)    # ids sampled this step
-    language: str | None = None                           # code, once known ("en")
-    finished: bool = False
-    finish_reason: str | None = None
-    usage: TranscriptionUsage | None = None
-    segments: list[TranscriptSegment] | None = None       # on the last chunk
-    error: str | None = None
-
-
-@dataclass
-class TranscriptionResult:
-    request_id: str
-    text: str
-    token_ids: list[int]
-    language: str | None
-    duration: float
-    segments: list[TranscriptSegment]
-    finish_reason: str
-    usage: TranscriptionUsage
-    error: str | None = None
-
-    @property
-    def language_name(self) -> str | None:
-        return language_name(self.language)
-
 
 class TranscriptText:
     """Window texts, each stripped, joined by one space, streamed as deltas.
@@ -206,6 +129,7 @@ class TranscriptionOutputProcessor:
             chunk.error = out.error
             chunk.usage = TranscriptionUsage(self.num_ids, self.duration, self.num_windows)
             chunk.segments = self._segments()
+            chunk.language_name = language_name(self.language)
         return chunk
 
     def error_chunk(self, message: str) -> TranscriptionChunk:
@@ -220,61 +144,68 @@ class TranscriptionOutputProcessor:
                 for w, (ids, texts) in sorted(self.text.segments.items())]
 
 
-def _previous_text_ids(engine, text: str | None, limit: int) -> tuple[int, ...]:
-    """<|startofprev|> + the last `limit` tokens of " " + text (as openai-whisper truncates)."""
-    if text is None or not text.strip():
-        return ()
-    tokenizer = engine.tokenizer
-    ids = tokenizer.encode(" " + text.strip(), add_special_tokens=False)
-    special = set(getattr(tokenizer, "all_special_ids", ()))
-    if any(t in special for t in ids):
-        raise ValueError("the prompt contains special tokens")
-    start = engine.model.generation.prev_sot_token_id
-    if start is None:
-        start = tokenizer.convert_tokens_to_ids("<|startofprev|>")
-    return (start, *ids[-limit:])
+class WhisperTranscriptionFrontend(TranscriptionFrontend):
+    """TranscriptionRequest -> 30 s windows of log-mel features, the forced decoder prompt
+    (language, task, previous text), and the transcript stream's budget and EOS."""
+
+    def __init__(self, model: WhisperTranscriptionModel, tokenizer, eos_token_ids: frozenset[int]):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.eos_token_ids = eos_token_ids
+        self.sampling_rate = model.sampling_rate
+        self.positions_per_window = model.config.max_source_positions
+
+    def previous_text_ids(self, text: str | None, limit: int) -> tuple[int, ...]:
+        """<|startofprev|> + the last `limit` tokens of " " + text (as openai-whisper truncates)."""
+        if text is None or not text.strip():
+            return ()
+        ids = self.tokenizer.encode(" " + text.strip(), add_special_tokens=False)
+        special = set(getattr(self.tokenizer, "all_special_ids", ()))
+        if any(t in special for t in ids):
+            raise ValueError("the prompt contains special tokens")
+        start = self.model.generation.prev_sot_token_id
+        if start is None:
+            start = self.tokenizer.convert_tokens_to_ids("<|startofprev|>")
+        return (start, *ids[-limit:])
+
+    def prepare(self, request: TranscriptionRequest, request_id: str, draw_seed: Callable[[], int]) -> Prepared:
+        model = self.model
+        samples = load_audio(request.audio, model.sampling_rate)
+        max_positions = model.config.max_target_positions
+        previous = self.previous_text_ids(request.prompt, max_positions // 2 - 1)
+        prompt = model.generation.forced_prompt(request.language, request.task, previous)
+        features = model.features(samples)
+        num_windows = features.shape[0]
+        most = num_windows * (max_positions - len(prompt))
+        budget = request.max_output_tokens if request.max_output_tokens is not None else most
+        if budget > most:
+            raise ValueError(f"max_output_tokens ({budget}) exceeds what {num_windows} window(s) of audio can "
+                             f"hold: {max_positions} decoder positions per window, {len(prompt)} of them prompt")
+        seed = request.seed if request.seed is not None else draw_seed()
+        stop = StopConfig(eos_ids=self.eos_token_ids)
+        runtime_request = Request(request_id, TranscriptionInputs(features, prompt),
+                                  {TRANSCRIPT_STREAM: StreamParams(budget, stop, request.sampling(seed), seed)})
+        language = model.generation.language_code(prompt.language) if prompt.language is not None else None
+        if language is None and not model.generation.is_multilingual:
+            language = "en"
+        duration = samples.size / model.sampling_rate
+        processor = TranscriptionOutputProcessor(request_id, model, self.tokenizer, stop.stopping_ids(), language,
+                                                 duration, num_windows)
+        return Prepared(runtime_request, processor, None)
 
 
-def submit_transcription(engine, request: TranscriptionRequest, loop: asyncio.AbstractEventLoop | None = None,
-                         request_id: str | None = None):
-    """Validate and enqueue a transcription on a Whisper engine; returns its RequestStream of
-    TranscriptionChunks. Raises ValueError (bad input) or QueueFullError (server full)."""
-    model = engine.model
-    if not isinstance(model, WhisperTranscriptionModel):
-        raise ValueError(f"model {engine.loaded.name!r} does not transcribe speech")
-    if engine.loop_error is not None:
-        raise RuntimeError(f"the engine loop died: {engine.loop_error!r}")
-    samples = load_audio(request.audio, model.sampling_rate)
-    max_positions = model.config.max_target_positions
-    previous = _previous_text_ids(engine, request.prompt, max_positions // 2 - 1)
-    prompt = model.generation.forced_prompt(request.language, request.task, previous)
-    features = model.features(samples)
-    num_windows = features.shape[0]
-    most = num_windows * (max_positions - len(prompt))
-    budget = request.max_output_tokens if request.max_output_tokens is not None else most
-    if budget > most:
-        raise ValueError(f"max_output_tokens ({budget}) exceeds what {num_windows} window(s) of audio can hold: "
-                         f"{max_positions} decoder positions per window, {len(prompt)} of them prompt")
-    seed = request.seed if request.seed is not None else engine.draw_seed()
-    stop = StopConfig(eos_ids=engine.loaded.eos_token_ids)
-    request_id = request_id or engine.new_request_id()
-    runtime_request = Request(
-        request_id, TranscriptionInputs(features, prompt),
-        {TRANSCRIPT_STREAM: StreamParams(budget, stop, request.sampling(seed), seed)}, arrival=time.monotonic(),
-    )
-    language = model.generation.language_code(prompt.language) if prompt.language is not None else None
-    if language is None and not model.generation.is_multilingual:
-        language = "en"
-    duration = samples.size / model.sampling_rate
-    processor = TranscriptionOutputProcessor(request_id, model, engine.tokenizer, stop.stopping_ids(), language,
-                                             duration, num_windows)
-    return engine.submit_request(runtime_request, processor, None, loop)
+def transcription_frontends(loaded) -> list[WhisperTranscriptionFrontend]:
+    return [WhisperTranscriptionFrontend(loaded.served, loaded.tokenizer, loaded.eos_token_ids)]
+
+
+def transcription_warmup(loaded) -> list[Request]:
+    return warmup_requests(loaded.served, loaded.max_model_len)
 
 
 def warmup_requests(model: WhisperTranscriptionModel, max_model_len: int) -> list[Request]:
     """Eight transcriptions of a second of seeded noise each, the language detected (the
-    decoder's first pass on the encoder's output) and eight tokens decoded, built as
-    `submit_transcription` builds them: what the first real requests would compile."""
+    decoder's first pass on the encoder's output) and eight tokens decoded, built as the
+    frontend builds them: what the first real requests would compile."""
     noise = np.random.default_rng(0)
     prompt = model.generation.forced_prompt(None, "transcribe")
     budget = max(1, min(8, model.config.max_target_positions - len(prompt)))
@@ -284,17 +215,3 @@ def warmup_requests(model: WhisperTranscriptionModel, max_model_len: int) -> lis
         requests.append(Request(f"warmup-{i}", TranscriptionInputs(model.features(samples), prompt),
                                 {TRANSCRIPT_STREAM: StreamParams(budget, StopConfig(), SamplingParams(seed=i), i)}))
     return requests
-
-
-def collect_transcription(stream) -> TranscriptionResult:
-    """Drain a transcription RequestStream into one result (the same text and ids the chunks carry)."""
-    texts, ids, last = [], [], None
-    for last in stream:
-        texts.append(last.text)
-        ids += last.token_ids
-    return TranscriptionResult(stream.request_id, "".join(texts), ids, last.language, last.usage.audio_seconds,
-                               last.segments, last.finish_reason, last.usage, last.error)
-
-
-def transcribe(engine, request: TranscriptionRequest) -> TranscriptionResult:
-    return collect_transcription(submit_transcription(engine, request))

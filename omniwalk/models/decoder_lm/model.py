@@ -1,4 +1,4 @@
-"""The walks of a text-generating decoder (Qwen3, Llama, and any backbone like them).
+"""The served text model of a decoder LM (Qwen3, Llama, and any backbone like them): walks, plan, frontend.
 
     prefill:  backbone(prompt tokens) -> token   ToClient, Keep      (first item)
     decode:   Loop "decode" [ backbone(token) -> token   ToClient ]  (cap N - 1)
@@ -10,7 +10,6 @@ are the runtime's: with N = 1 the stream finishes at its prefill and no decode r
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -22,6 +21,7 @@ from omniwalk.engine.sampler import SamplingParams
 from omniwalk.graph import (
     BudgetSpec, Keep, Loop, ModelGraph, Node, Sequential, StreamSpec, StreamView, ToClient, Walk, WalkCall,
 )
+from omniwalk.capabilities.text import TextFrontend
 from omniwalk.runtime import Request, StopConfig, StreamParams
 
 TEXT_STREAM = "text"
@@ -61,10 +61,6 @@ class TextGenerationModel:
             return WalkCall("decode", {"tokens": view.kept["token"]})
         return None
 
-    @staticmethod
-    def make_request(token_ids: list[int]) -> Any:
-        return TextPrompt(list(token_ids))
-
     def warmup_requests(self, max_model_len: int) -> list[Request]:
         """A few sampled requests whose prefill is too big for the prefill graphs (see
         `Engine` warm-up): what the first real requests would compile, compiled at load."""
@@ -85,3 +81,14 @@ WARMUP_REQUESTS, WARMUP_PROMPT_TOKENS = 8, 40
 def warmup_prompt(index: int, length: int, vocab_size: int) -> list[int]:
     """Distinct ids per request (no shared prefix pages among the warm-up prompts)."""
     return [(index * 7919 + 31 * j + 1) % vocab_size for j in range(length)]
+
+
+def text_frontends(loaded) -> list[TextFrontend]:
+    """Text generation over the loaded decoder's one token stream."""
+    return [TextFrontend(tokenizer=loaded.tokenizer, vocab_size=loaded.config.vocab_size,
+                         max_model_len=loaded.max_model_len, kv_capacity_tokens=loaded.kv_capacity_tokens,
+                         eos_token_ids=loaded.eos_token_ids, stream=TEXT_STREAM, make_prompt=TextPrompt)]
+
+
+def text_warmup(loaded) -> list[Request]:
+    return loaded.served.warmup_requests(loaded.max_model_len)

@@ -1,4 +1,4 @@
-"""Request audio -> 16 kHz mono float32 samples.
+"""Request audio -> mono float32 samples at a model's rate (16 kHz for Whisper).
 
 Bytes of an audio file (WAV, FLAC, MP3, OGG: whatever libsndfile reads, through
 `soundfile`) are decoded, channels averaged to mono, and resampled to the model's rate

@@ -1,0 +1,121 @@
+"""Speech recognition: the request, chunk, segment, usage and result types, and the
+frontend contract.
+
+    engine = Engine(EngineArgs("tiny-whisper"))
+    for chunk in engine.submit(TranscriptionRequest(wav_bytes, language="en")):
+        print(chunk.text, end="")                       # text deltas, with their token ids
+    result = transcribe(engine, TranscriptionRequest(samples))   # all of it at once
+
+Audio: bytes of a WAV/FLAC/MP3/OGG file, or float32 mono samples at the model's rate.
+Counting: `max_output_tokens` (N) is the budget of the transcript stream: exactly N tokens
+unless the EOS stops it first; the stopping EOS counts toward N and is listed in
+`token_ids`, but never becomes text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from omniwalk.capabilities import Capability, Frontend
+from omniwalk.engine.sampler import SamplingParams
+
+TASKS = ("transcribe", "translate")
+
+
+@dataclass(frozen=True)
+class TranscriptionRequest:
+    """One transcription. `language` None: detected from the audio (multilingual models)."""
+
+    audio: np.ndarray | bytes           # file bytes, or float32 mono samples at the model's rate
+    language: str | None = None         # "en", "english" or "<|en|>"
+    prompt: str | None = None           # previous text to condition the transcript on
+    task: str = "transcribe"            # or "translate" (into English)
+    max_output_tokens: int | None = None
+    temperature: float = 0.0            # 0: greedy
+    seed: int | None = None             # None: drawn by the engine
+
+    def __post_init__(self):
+        if self.task not in TASKS:
+            raise ValueError(f"task must be one of {TASKS}, got {self.task!r}")
+        if self.max_output_tokens is not None and self.max_output_tokens < 1:
+            raise ValueError(f"max_output_tokens must be >= 1, got {self.max_output_tokens}")
+        self.sampling()   # validates temperature
+
+    def sampling(self, seed: int | None = None) -> SamplingParams:
+        return SamplingParams(temperature=self.temperature, seed=seed)
+
+
+@dataclass
+class TranscriptionUsage:
+    output_tokens: int      # budgeted items of the transcript stream, a stopping EOS included
+    audio_seconds: float    # duration of the audio received
+    windows: int            # windows of the audio the model decoded (Whisper: 30 s each)
+
+
+@dataclass
+class TranscriptSegment:
+    """One window's transcript."""
+
+    window: int
+    start: float            # seconds into the audio
+    end: float
+    text: str               # stripped
+    token_ids: list[int]    # its transcript tokens (no EOS)
+
+
+@dataclass
+class TranscriptionChunk:
+    """What one request produced in one engine step; the last one has `finished` set."""
+
+    request_id: str
+    text: str                                             # text delta
+    token_ids: list[int] = field(default_factory=list)    # ids sampled this step
+    language: str | None = None                           # code, once known ("en")
+    finished: bool = False
+    finish_reason: str | None = None
+    usage: TranscriptionUsage | None = None
+    segments: list[TranscriptSegment] | None = None       # on the last chunk
+    language_name: str | None = None                      # on the last chunk ("english")
+    error: str | None = None
+
+
+@dataclass
+class TranscriptionResult:
+    request_id: str
+    text: str
+    token_ids: list[int]
+    language: str | None
+    language_name: str | None
+    duration: float
+    segments: list[TranscriptSegment]
+    finish_reason: str
+    usage: TranscriptionUsage
+    error: str | None = None
+
+
+class TranscriptionFrontend(Frontend):
+    """Speech recognition on a model: what the transcription route needs besides `prepare`."""
+
+    capability = Capability.TRANSCRIPTION
+    request_type = TranscriptionRequest
+
+    #: samples per second the model's features are computed at (audio is resampled to it)
+    sampling_rate: int
+    #: encoder positions of one window (OpenAI's usage counts them as audio input tokens)
+    positions_per_window: int
+
+
+def result_of(request_id: str, chunks: list[TranscriptionChunk]) -> TranscriptionResult:
+    """The chunks of one transcription joined (the same text and ids the stream carries)."""
+    last = chunks[-1]
+    return TranscriptionResult(request_id, "".join(c.text for c in chunks), [t for c in chunks for t in c.token_ids],
+                               last.language, last.language_name, last.usage.audio_seconds, last.segments or [],
+                               last.finish_reason, last.usage, last.error)
+
+
+def transcribe(engine, request: TranscriptionRequest) -> TranscriptionResult:
+    """The whole transcript of one request on an in-process Engine."""
+    stream = engine.submit(request)
+    return result_of(stream.request_id, list(stream))

@@ -1,0 +1,79 @@
+"""The family interface: one typed object per model family, registered in `registry.py`.
+
+A family is one folder under `omniwalk/models/`. Its `ModelFamily` says how to recognise
+and configure its checkpoints, what its loading does differently from the shared
+pipeline (`LoaderSpec`, run by `omniwalk.loading.load_model`), which capabilities the
+loaded model serves (its frontends: request -> runtime `Request` + output processor),
+and its warm-up requests. The served model that `LoaderSpec.serve` builds carries the
+family's graph (its walks), plan and node executors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+from omniwalk.layers.config import DecoderConfig
+
+if TYPE_CHECKING:
+    from omniwalk.capabilities import Frontend
+    from omniwalk.loading import LoadContext, LoadedModel
+    from omniwalk.runtime import Request, ServedModel
+
+
+def decoder_kv_layout(config: DecoderConfig) -> tuple[int, int, int]:
+    """(layers, KV heads, head dim) of a decoder whose every layer attends."""
+    return config.num_layers, config.num_kv_heads, config.head_dim
+
+
+@dataclass(frozen=True)
+class LoaderSpec:
+    """What a family's loading differs in from the shared pipeline (see omniwalk.loading).
+
+    Every hook takes the `LoadContext` built so far; the pipeline calls them in the order
+    of the fields below."""
+
+    #: the module whose weights the checkpoint (or the seeded random init) fills
+    build: Callable[[Any], Any]
+    #: config, tokenizer, EOS ids and weight source; None: the shared `read_model_source`
+    read_source: Callable[["LoadContext"], None] | None = None
+    #: (config, checkpoint tensor name) -> parameter name, or None to skip the tensor
+    rename: Callable[[Any, str], str | None] | None = None
+    #: after the weights, before quantization and graph capture
+    after_weights: Callable[["LoadContext"], None] | None = None
+    #: allocates what must precede the KV cache into ctx.resources (and ctx.slot_resource)
+    resources: Callable[["LoadContext"], None] | None = None
+    #: the context a request may fill; None: the config's positions, capped by --max-model-len
+    max_model_len: Callable[["LoadContext"], int] | None = None
+    #: (attention layers, KV heads, head dim) of the paged KV cache
+    kv_layout: Callable[[Any], tuple[int, int, int]] = decoder_kv_layout
+    #: why this family cannot share KV prefixes across requests; None: it honours prefix caching
+    no_prefix_caching: str | None = None
+    #: the module the decode CUDA graphs capture; None: ctx.module
+    decode_step: Callable[["LoadContext"], Any] | None = None
+    #: whether small prefill batches are captured as CUDA graphs too
+    prefill_graphs: bool = True
+    #: the causal-conv kernel width the prefill graphs gather windows for (hybrid models)
+    conv_kernel: Callable[[Any], int] | None = None
+    #: the served model: graph (walks), plan and node executors over what was built
+    serve: Callable[["LoadContext"], "ServedModel"] = None
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    """One model family as the registry knows it."""
+
+    name: str
+    hf_model_types: tuple[str, ...]
+    config_from_hf: Callable[[dict], Any]
+    tiny_config: Callable[[int], Any]        # the built-in `tiny-<name>`, given the tiny tokenizer's size
+    loader: LoaderSpec
+    #: the capabilities the loaded model serves
+    frontends: Callable[["LoadedModel"], list["Frontend"]]
+    #: requests run once at start on CUDA, so the first real ones compile nothing
+    warmup: Callable[["LoadedModel"], list["Request"]] | None = None
+    #: claims a checkpoint folder by its config.json before model types are matched (a
+    #: family built on another's architecture, e.g. Orpheus on Llama)
+    detect: Callable[[dict], bool] | None = None
+    #: EngineArgs.quantization values its loading applies (`loading.quantize_backbone`)
+    quantizations: tuple[str, ...] = ()
