@@ -6,6 +6,7 @@ import pytest
 
 from omniwalk import Engine, EngineArgs, GenerationRequest, SamplingParams
 from omniwalk.engine.kv_cache import KVCacheShape, PagedKVCache
+from omniwalk.loading import load_model
 
 
 def test_pages_are_shared_refcounted_and_evicted_last_freed_first():
@@ -63,3 +64,26 @@ def test_prefix_caching_under_preemption_keeps_outputs():
                 assert engine.runtime.num_preemptions > 0
             assert engine.model.cache.allocator.num_free == engine.model.cache.allocator.num_pages
     assert results[None] == results[200]
+
+
+@pytest.mark.parametrize("model,shares_prefixes", [("tiny-qwen3", True), ("tiny-llama", True),
+                                                    ("tiny-orpheus", True), ("tiny-qwen3_5", False),
+                                                    ("tiny-whisper", False)])
+def test_every_family_takes_prefix_caching_from_the_shared_pipeline(model, shares_prefixes):
+    """On by default where a family can share prefixes (hybrid and cross-attention models
+    cannot: their keys or state depend on more than the prompt), off with --no-prefix-caching."""
+    assert load_model(EngineArgs(model)).served.cache.enable_prefix_caching == shares_prefixes
+    assert not load_model(EngineArgs(model, enable_prefix_caching=False)).served.cache.enable_prefix_caching
+
+
+def test_orpheus_hits_the_prefix_cache_for_a_shared_voice_prompt():
+    from omniwalk import SpeechRequest, synthesize
+
+    # a long common start of the framed prompt ("tara: " and the text), so whole pages match
+    text = "The same long sentence, spoken twice by the same voice, fills more than one page. " * 2
+    with Engine(EngineArgs("tiny-orpheus", page_size=4)) as engine:
+        first = synthesize(engine, SpeechRequest(text, max_output_tokens=14, seed=1, ignore_eos=True))
+        assert engine.model.cache.num_cached_tokens_hit == 0
+        second = synthesize(engine, SpeechRequest(text, max_output_tokens=14, seed=1, ignore_eos=True))
+        assert engine.model.cache.num_cached_tokens_hit > 0
+        assert second.pcm == first.pcm and second.token_ids == first.token_ids   # the hit changes nothing
