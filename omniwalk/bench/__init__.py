@@ -8,6 +8,6 @@
     hf_baseline.py  the same prompts through transformers `generate` (eager, static cache + compile)
     cli.py          the `omniwalk bench` flags and run
     tts.py          `omniwalk bench --tts`: speech workload and run (flags, JSON)
-    tts_backends.py in-process submit_speech, or /v1/audio/speech with stream_format=sse
+    tts_backends.py in-process Engine.submit(SpeechRequest), or /v1/audio/speech with stream_format=sse
     tts_metrics.py  time to first audio, RTF, audio throughput, streaming viability, failures
 """

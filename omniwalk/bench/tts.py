@@ -7,7 +7,7 @@ time to first audio, real-time factor, audio throughput and streaming viability.
 
 Over HTTP each request is a POST /v1/audio/speech with stream_format=sse (base64 PCM
 deltas, then speech.audio.done with the usage); without --url the model runs in-process
-through `submit_speech`. `--output-len` is max_output_tokens: audio-code tokens, 7 per
+through `Engine.submit(SpeechRequest)`. `--output-len` is max_output_tokens: audio-code tokens, 7 per
 frame (2048 samples = 85.3 ms of 24 kHz audio per frame for Orpheus). Texts come from
 `--prompts-file` (one per line) or a built-in list; each request's seed is drawn from
 `--seed`, so a run is reproducible. The figures are defined in `tts_metrics.py`.
@@ -50,7 +50,7 @@ TEXTS = (
 def add_tts_arguments(parser: argparse.ArgumentParser) -> None:
     tts = parser.add_argument_group("text to speech")
     tts.add_argument("--tts", action="store_true",
-                     help="TTS mode: /v1/audio/speech with stream_format=sse (or in-process submit_speech); "
+                     help="TTS mode: /v1/audio/speech with stream_format=sse (or in-process Engine.submit); "
                           "--output-len is then max_output_tokens in audio codes, --prompts-file the texts")
     tts.add_argument("--voice", default="tara", help="--tts: the voice of every request")
 

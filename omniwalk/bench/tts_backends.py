@@ -1,6 +1,6 @@
 """Where `omniwalk bench --tts` sends speech requests, and what it records of each.
 
-    InProcessSpeechBackend(engine)            asyncio over `submit_speech(engine, ..., loop)`
+    InProcessSpeechBackend(engine)            asyncio over `engine.submit(SpeechRequest(...), loop=...)`
     SpeechSSEBackend(url, model)              POST /v1/audio/speech, stream_format=sse, over httpx
 
 Both fill one `TTSRecord` per request: when it was sent, when each audio chunk arrived and

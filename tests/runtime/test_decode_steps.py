@@ -14,7 +14,7 @@ LM = Node("lm", inputs=("x",), outputs=("tok",), stateful=True)
 
 
 class ToyDecoder:
-    """prefill: lm -> tok (first item); decode: Loop [lm -> tok], the shape of text_lm."""
+    """prefill: lm -> tok (first item); decode: Loop [lm -> tok], the shape of decoder_lm.model."""
 
     def __init__(self, executor: NodeExecutor, deferred: bool = False):
         emit = ToClient("tok", "main", deferred=deferred)

@@ -4,7 +4,7 @@
     full:    gated attention    -> paged KV cache (KV-cache layer = rank among full layers)
     linear:  Gated DeltaNet     -> a state slot  (state-pool layer = rank among linear layers)
 
-As in `omniwalk.layers.transformer` there is no batch dimension: a pass takes the new
+As in `omniwalk.models.decoder_lm.modeling` there is no batch dimension: a pass takes the new
 tokens of every sequence concatenated. Attention layers see the batch through the
 `PagedAttention`, recurrent layers through the `StateBatch` (which tokens belong to which
 sequence, and each sequence's states). Module and parameter names equal transformers'
