@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The text table of docs/benchmarks.md: Qwen3-0.6B's shape (issue 4), decode throughput and
+# latency at 1, 32 and 128 requests in flight, in-process and over HTTP.
+#   bash benchmarks/text.sh              (repository root, one H200; raw JSON in ${OUT:-benchmarks/results})
+# Expected: ~3 minutes on an H200 (two in-process engines and one server: ~30 s to start
+# each; the runs ~1 minute together). HF on the same prompts: benchmarks/hf_baseline.sh.
+set -euo pipefail
+source benchmarks/setup_device.sh
+
+# random weights at Qwen3-0.6B's shape; prompts: 128 random ids from the tiny tokenizer's
+# vocabulary (valid Qwen3 ids; only their number matters), 256 output ids each (--ignore-eos)
+MODEL=(benchmarks/qwen3-0.6b --load-format dummy --max-model-len 1024 --max-num-seqs 128
+       --max-num-batched-tokens 8192)
+WORKLOAD=(--tokenizer tiny-qwen3 --input-len 128 --output-len 256 --ignore-eos --seed 0)
+
+bench text-inproc-c1 240 --model "${MODEL[@]}" "${WORKLOAD[@]}" --concurrency 1 --num-requests 16 --warmup 2
+bench text-inproc-c32-c128 300 --model "${MODEL[@]}" "${WORKLOAD[@]}" --concurrency 32,128 --num-requests 512 --warmup 32
+
+# over HTTP: the server and the load generator in two processes, the same workloads
+PORT=${PORT:-8011}
+if start_server text-server "$PORT" "${MODEL[@]}"; then
+  bench text-http-c1 120 --url "http://127.0.0.1:$PORT" "${WORKLOAD[@]}" --concurrency 1 --num-requests 16 --warmup 2
+  bench text-http-c32-c128 180 --url "http://127.0.0.1:$PORT" "${WORKLOAD[@]}" --concurrency 32,128 --num-requests 512 --warmup 32
+  stop_server
+else
+  BENCH_FAILED+=(text-server)
+fi
+
+finish text
