@@ -7,7 +7,7 @@ bf16 GEMM, and the error of each against the product of the dequantized operands
 """
 import torch
 
-from omniwalk.layers.fp8_linear import quantize_rows_reference
+from omniwalk.kernels.fp8 import quantize_rows_reference
 
 SHAPES = {"qkv": (3072, 5120), "o": (3072, 3072), "gate_up": (3072, 16384), "down": (8192, 3072)}
 

@@ -20,19 +20,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from omniwalk.layers.fp8_linear import FP8_DTYPE, FP8_MAX, MIN_SCALE, Fp8Rows
+from omniwalk.kernels.fp8 import FP8_DTYPE, FP8_MAX, MIN_SCALE, Fp8Rows
+from omniwalk.kernels.triton_support import triton, use_triton
 
-try:
-    import triton
+if triton is not None:
     import triton.language as tl
 
-    from omniwalk.layers.fp8_linear import quantize_block
-except ImportError:   # CPU-only installs: the torch paths below need no Triton
-    triton = None
-
-
-def use_triton(x: torch.Tensor) -> bool:
-    return triton is not None and x.is_cuda
+    from omniwalk.kernels.fp8 import quantize_block
 
 
 # ----------------------------------------------------------------------------- references

@@ -5,8 +5,9 @@ import pytest
 import torch
 
 from omniwalk import Engine, EngineArgs, GenerationRequest, SamplingParams
+from omniwalk.kernels.fp8 import quantize_rows, quantize_rows_reference
 from omniwalk.layers import fp8_linear, fused_ops
-from omniwalk.layers.fp8_linear import Fp8Linear, fp8_supported, quantize_rows, quantize_rows_reference
+from omniwalk.layers.fp8_linear import Fp8Linear, fp8_supported
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available() or not fp8_supported(torch.device("cuda")),

@@ -9,7 +9,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from omniwalk.engine import cross_attention, race_kernel
-from omniwalk.layers import causal_conv, fp8_linear, fused_ops, gated_delta_rule_triton
+from omniwalk.kernels import fp8
+from omniwalk.layers import causal_conv, fused_ops, gated_delta_rule_triton
 from omniwalk.models.orpheus import depthwise_conv, pointwise_conv, snake
 
 QUANTIZE_ARGS = {"fp8_max": "fp32", "inverse_fp8_max": "fp32", "min_scale": "fp32"}
@@ -28,7 +29,7 @@ NORM_ROTARY = {"x_ptr": "*bf16", "weight_ptr": "*bf16", "cos_ptr": "*fp32", "sin
                "HAS_NORM": "constexpr", "ZERO_CENTERED": "constexpr", "HEAD_DIM": "constexpr", "BLOCK_D": "constexpr",
                "HALF": "constexpr", "BLOCK_HALF": "constexpr"}
 KERNELS = [
-    ("fp8 row quantization", fp8_linear._quantize_rows_kernel,
+    ("fp8 row quantization", fp8._quantize_rows_kernel,
      {"x_ptr": "*bf16", "out_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "stride_x": "i32", "width": "i32",
       "fp8_max": "fp32", "inverse_fp8_max": "fp32", "min_scale": "fp32", "BLOCK": "constexpr"}, {"BLOCK": 8192}),
 ] + [
