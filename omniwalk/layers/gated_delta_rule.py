@@ -35,8 +35,8 @@ import torch.nn.functional as F
 
 from omniwalk.layers.fused_ops import use_triton
 from omniwalk.layers.gated_delta_rule_triton import fused_recurrent_gated_delta_rule
-from omniwalk.layers.ragged import RaggedLengths
-from omniwalk.layers.state_rows import StateRows
+from omniwalk.engine.ragged import RaggedLengths
+from omniwalk.kernels.state_rows import StateRows
 
 CHUNK_SIZE = 64
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from omniwalk.layers.fused_ops import triton
-from omniwalk.layers.state_rows import StateRows
+from omniwalk.kernels.state_rows import StateRows
 
 if triton is not None:
     import triton.language as tl

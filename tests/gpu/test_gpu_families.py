@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from omniwalk import Engine, EngineArgs, GenerationRequest, SamplingParams
+from omniwalk.kernels.state_rows import StateRows
 from omniwalk.layers import gated_delta_rule as gdr
-from omniwalk.layers.state_rows import StateRows
 
 pytestmark = pytest.mark.gpu
 

@@ -131,7 +131,7 @@ def test_causal_conv1d_decode_step(force_triton, monkeypatch, taps, dtype):
     """The decode kernel reads each row's state from one pool row and writes the new state
     to another, leaving every other row as it was."""
     from omniwalk.layers import causal_conv
-    from omniwalk.layers.state_rows import StateRows
+    from omniwalk.kernels.state_rows import StateRows
     monkeypatch.setattr(causal_conv, "use_triton", lambda x: True)
     torch.manual_seed(4)
     x = torch.randn(3, 70, dtype=dtype)[:, 10:50]   # a strided view, as from a packed projection
@@ -153,7 +153,7 @@ def test_causal_conv1d_decode_step(force_triton, monkeypatch, taps, dtype):
 def test_ragged_causal_conv1d_equals_the_conv_per_sequence(taps):
     """Decode rows, pieces shorter than the carried state and longer ones, in one batch."""
     from omniwalk.layers import causal_conv
-    from omniwalk.layers.ragged import RaggedLengths
+    from omniwalk.engine.ragged import RaggedLengths
     torch.manual_seed(5)
     lengths = [1, 2, 7, 1, 3]
     x = torch.randn(sum(lengths), 24)

@@ -12,7 +12,7 @@ pytest.importorskip("triton")
 
 from omniwalk.layers import gated_delta_rule as gdr  # noqa: E402
 from omniwalk.layers.gated_delta_rule_triton import fused_recurrent_gated_delta_rule  # noqa: E402
-from omniwalk.layers.state_rows import StateRows  # noqa: E402
+from omniwalk.kernels.state_rows import StateRows  # noqa: E402
 
 KEY_HEADS, VALUE_HEADS, KEY_DIM, VALUE_DIM = 2, 4, 16, 12   # value_dim not a multiple of the block
 
