@@ -9,8 +9,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from omniwalk.engine import cross_attention, race_kernel
-from omniwalk.kernels import fp8
-from omniwalk.layers import causal_conv, fused_ops, gated_delta_rule_triton
+from omniwalk.kernels import causal_conv, fp8, gated_delta_rule
+from omniwalk.layers import fused_ops
 from omniwalk.models.orpheus import depthwise_conv, pointwise_conv, snake
 
 QUANTIZE_ARGS = {"fp8_max": "fp32", "inverse_fp8_max": "fp32", "min_scale": "fp32"}
@@ -44,7 +44,7 @@ KERNELS = [
       "channels": "i32", "batch": "i32", "end_first": "i32", "end_second": "i32",
       "TAPS": "constexpr", "BLOCK": "constexpr"}, {"TAPS": 4, "BLOCK": 256}),
 ] + [
-    (f"gated delta rule{' (ragged)' * varlen}", gated_delta_rule_triton._gated_delta_rule_kernel,
+    (f"gated delta rule{' (ragged)' * varlen}", gated_delta_rule._gated_delta_rule_kernel,
      {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "a_ptr": "*bf16", "b_ptr": "*bf16", "A_log_ptr": "*bf16",
       "dt_bias_ptr": "*bf16", "out_ptr": "*bf16", "pool_ptr": "*fp32", "read_ptr": "*i64", "write_ptr": "*i64",
       "cu_seqlens_ptr": "*i64", "stride_q": "i32", "stride_k": "i32", "stride_v": "i32", "stride_a": "i32",

@@ -19,8 +19,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from omniwalk.layers.fused_ops import triton, use_triton
 from omniwalk.kernels.state_rows import StateRows
+from omniwalk.kernels.triton_support import triton, use_triton
 
 if triton is not None:
     import triton.language as tl
