@@ -13,7 +13,7 @@ import torch
 
 from omniwalk.engine.attention import PagedAttention
 from omniwalk.engine.cuda_graphs import capture_per_bucket
-from omniwalk.layers.fused_ops import norm_rotary
+from omniwalk.kernels.norm_rotary import norm_rotary
 from omniwalk.loading import EngineArgs, load_model
 
 rows_list = [int(a) for a in sys.argv[1:]] or [8, 256]

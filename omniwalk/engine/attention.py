@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from omniwalk.engine.kv_cache import PagedKVCache
-from omniwalk.layers.fused_ops import QKRotary, norm_rotary_into_cache
+from omniwalk.kernels.norm_rotary import QKRotary, norm_rotary_into_cache
 
 
 @dataclass
@@ -60,7 +60,7 @@ class PagedAttention:
         scale: float,
         rotary: QKRotary | None = None,
     ) -> torch.Tensor:         # [num_tokens, num_heads, head_dim]
-        """`rotary`: normalize and rotate query and key first (`fused_ops.norm_rotary`); on
+        """`rotary`: normalize and rotate query and key first (`kernels.norm_rotary`); on
         CUDA one kernel does that and the cache write."""
         meta = self.metadata
         key_pool = self.cache.keys[layer_index]

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from omniwalk.layers.fused_ops import triton, use_triton
+from omniwalk.kernels.triton_support import triton, use_triton
 
 if triton is not None:
     import triton.language as tl

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from omniwalk.layers.fused_ops import triton
+from omniwalk.kernels.triton_support import triton
 
 if triton is not None:
     import triton.language as tl

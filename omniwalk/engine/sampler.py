@@ -44,7 +44,7 @@ import torch.nn.functional as F
 
 from omniwalk.engine.host_to_device import to_device
 from omniwalk.engine.race_kernel import race_argmax
-from omniwalk.layers.fused_ops import use_triton
+from omniwalk.kernels.triton_support import use_triton
 
 __all__ = ["SamplingParams", "SamplerOutput", "Sampler", "SamplingPlan", "RowValues", "sample_rows", "MAX_LOGPROBS"]
 

@@ -9,8 +9,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from omniwalk.engine import cross_attention, race_kernel
-from omniwalk.kernels import causal_conv, fp8, gated_delta_rule
-from omniwalk.layers import fused_ops
+from omniwalk.kernels import causal_conv, fp8, gated_delta_rule, norm_rotary, rms_norm, silu_mul
 from omniwalk.models.orpheus import depthwise_conv, pointwise_conv, snake
 
 QUANTIZE_ARGS = {"fp8_max": "fp32", "inverse_fp8_max": "fp32", "min_scale": "fp32"}
@@ -53,7 +52,7 @@ KERNELS = [
      {"KEY_HEADS": 16, "VALUE_HEADS": 16, "KEY_DIM": 128, "VALUE_DIM": 128, "BLOCK_V": 8, "VARLEN": varlen})
     for varlen in (False, True)
 ] + [
-    ("gated rms norm", fused_ops._gated_rms_norm_kernel,
+    ("gated rms norm", rms_norm._gated_rms_norm_kernel,
      {"x_ptr": "*bf16", "gate_ptr": "*bf16", "weight_ptr": "*bf16", "out_ptr": "*bf16", "heads": "i32",
       "stride_gate_token": "i32", "stride_gate_head": "i32", "eps": "fp32", "width": "i32", "BLOCK": "constexpr"},
      {"BLOCK": 128}),
@@ -82,17 +81,17 @@ KERNELS = [
       "BLOCK_T": 128, "BLOCK_I": 32})
     for noise in (False, True) for tf32 in (False, True) for residual in (False, True)
 ] + [
-    (f"silu and mul{' (fp8 out)' * quantize}", fused_ops._silu_mul_kernel,
+    (f"silu and mul{' (fp8 out)' * quantize}", silu_mul._silu_mul_kernel,
      {"gate_ptr": "*bf16", "up_ptr": "*bf16", "out_ptr": "*fp8e4nv" if quantize else "*bf16", "stride_gate": "i32",
       "stride_up": "i32", "width": "i32", "scale_ptr": "*fp32" if quantize else "*bf16", **QUANTIZE_ARGS,
       "BLOCK": "constexpr", "QUANTIZE": "constexpr"}, {"BLOCK": 8192 if quantize else 1024, "QUANTIZE": quantize})
     for quantize in (False, True)
 ] + [
-    (f"add+rms norm{' (zero-centered)' * zc}{' (fp8 out)' * quantize}", fused_ops._add_rms_norm_kernel,
+    (f"add+rms norm{' (zero-centered)' * zc}{' (fp8 out)' * quantize}", rms_norm._add_rms_norm_kernel,
      norm_signature(quantize), {"HAS_RESIDUAL": True, "ZERO_CENTERED": zc, "QUANTIZE": quantize, "BLOCK": 1024})
     for zc in (False, True) for quantize in (False, True)
 ] + [
-    (f"norm+rotary{' (zero-centered)' * zc}", fused_ops._norm_rotary_kernel, NORM_ROTARY,
+    (f"norm+rotary{' (zero-centered)' * zc}", norm_rotary._norm_rotary_kernel, NORM_ROTARY,
      {"HAS_NORM": True, "ZERO_CENTERED": zc, "HEAD_DIM": 256, "BLOCK_D": 256, "HALF": 32, "BLOCK_HALF": 32})
     for zc in (False, True)
 ]

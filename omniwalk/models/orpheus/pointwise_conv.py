@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from omniwalk.layers.fused_ops import triton, use_triton
+from omniwalk.kernels.triton_support import triton, use_triton
 
 if triton is not None:
     import triton.language as tl

@@ -24,8 +24,8 @@ from torch import nn
 from omniwalk.engine.attention import PagedAttention
 from omniwalk.engine.state_pool import StateBatch
 from omniwalk.kernels.causal_conv import causal_conv1d_decode, ragged_causal_conv1d
+from omniwalk.kernels.norm_rotary import QKRotary
 from omniwalk.kernels.state_rows import StateRows
-from omniwalk.layers.fused_ops import QKRotary
 from omniwalk.layers.gated_delta_rule import gated_delta_rule_decode, gated_delta_rule_varlen
 from omniwalk.layers.mlp import GatedMLP
 from omniwalk.layers.norm import GatedRMSNorm, ZeroCenteredRMSNorm
