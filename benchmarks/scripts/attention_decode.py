@@ -87,7 +87,7 @@ def run(batch, context, layout, block_n, warps, stages, splits=1, heads=24, kv_h
 
 
 if __name__ == "__main__":
-    from omniwalk.engine.triton_attention import paged_attention
+    from omniwalk.kernels.paged_attention import paged_attention
     for batch, context in ((256, 64), (256, 360), (256, 700)):
         # the kernel as shipped, through its wrapper
         pages_per_seq = -(-(context + 1) // 16)

@@ -8,8 +8,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from omniwalk.engine import cross_attention, race_kernel
-from omniwalk.kernels import causal_conv, fp8, gated_delta_rule, norm_rotary, rms_norm, silu_mul
+from omniwalk.engine import race_kernel
+from omniwalk.kernels import causal_conv, cross_attention, fp8, gated_delta_rule, norm_rotary, rms_norm, silu_mul
 from omniwalk.models.orpheus import depthwise_conv, pointwise_conv, snake
 
 QUANTIZE_ARGS = {"fp8_max": "fp32", "inverse_fp8_max": "fp32", "min_scale": "fp32"}
