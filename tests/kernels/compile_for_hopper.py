@@ -8,8 +8,9 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from omniwalk.engine import race_kernel
-from omniwalk.kernels import causal_conv, cross_attention, fp8, gated_delta_rule, norm_rotary, rms_norm, silu_mul
+from omniwalk.kernels import (
+    causal_conv, cross_attention, fp8, gated_delta_rule, norm_rotary, rms_norm, sampling, silu_mul,
+)
 from omniwalk.models.orpheus import depthwise_conv, pointwise_conv, snake
 
 QUANTIZE_ARGS = {"fp8_max": "fp32", "inverse_fp8_max": "fp32", "min_scale": "fp32"}
@@ -32,7 +33,7 @@ KERNELS = [
      {"x_ptr": "*bf16", "out_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "stride_x": "i32", "width": "i32",
       "fp8_max": "fp32", "inverse_fp8_max": "fp32", "min_scale": "fp32", "BLOCK": "constexpr"}, {"BLOCK": 8192}),
 ] + [
-    (f"race{' over candidate ids' * ids}", race_kernel._race_kernel,
+    (f"race{' over candidate ids' * ids}", sampling._race_kernel,
      {"scaled_ptr": "*fp32", "low_ptr": "*i64", "high_ptr": "*i64", "ids_ptr": "*i64", "out_ptr": "*i64",
       "vocab": "i32", "stride_row": "i32", "stride_ids_row": "i32", "HAS_IDS": "constexpr", "BLOCK": "constexpr"},
      {"HAS_IDS": ids, "BLOCK": 1024}) for ids in (False, True)
