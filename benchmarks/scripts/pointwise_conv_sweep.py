@@ -4,7 +4,7 @@ kernel's tile sizes, warps, TF32 or not, against cuDNN's conv1d followed by the 
     python3 benchmarks/scripts/pointwise_conv_sweep.py      (CUDA)
 """
 import itertools, torch, triton
-from omniwalk.models.orpheus.pointwise_conv import _pointwise_conv_kernel
+from omniwalk.kernels.snac import _pointwise_conv_kernel
 
 
 def timed(fn, reps=20):

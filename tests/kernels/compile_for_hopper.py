@@ -9,9 +9,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from omniwalk.kernels import (
-    causal_conv, cross_attention, fp8, gated_delta_rule, norm_rotary, rms_norm, sampling, silu_mul,
+    causal_conv, cross_attention, fp8, gated_delta_rule, norm_rotary, rms_norm, sampling, silu_mul, snac,
 )
-from omniwalk.models.orpheus import depthwise_conv, pointwise_conv, snake
 
 QUANTIZE_ARGS = {"fp8_max": "fp32", "inverse_fp8_max": "fp32", "min_scale": "fp32"}
 
@@ -63,17 +62,17 @@ KERNELS = [
       "stride_o_row": "i32", "stride_o_head": "i32", "source_len": "i32",
       "HEAD_DIM": "constexpr", "BLOCK_D": "constexpr", "BLOCK_N": "constexpr"},
      {"HEAD_DIM": 64, "BLOCK_D": 64, "BLOCK_N": 64}),
-    ("snake", snake._snake_kernel,
+    ("snake", snac._snake_kernel,
      {"x_ptr": "*fp32", "alpha_ptr": "*fp32", "out_ptr": "*fp32", "channels": "i32", "length": "i32",
       "BLOCK": "constexpr"}, {"BLOCK": 1024}),
 ] + [
-    (f"depthwise conv{' + snake' * with_snake}", depthwise_conv._depthwise_conv_kernel,
+    (f"depthwise conv{' + snake' * with_snake}", snac._depthwise_conv_kernel,
      {"x_ptr": "*fp32", "weight_ptr": "*fp32", "bias_ptr": "*fp32", "alpha_ptr": "*fp32", "out_ptr": "*fp32",
       "channels": "i32", "length": "i32", "dilation": "i32", "padding": "i32", "TAPS": "constexpr",
       "HAS_BIAS": "constexpr", "SNAKE": "constexpr", "BLOCK": "constexpr"},
      {"TAPS": 7, "HAS_BIAS": True, "SNAKE": with_snake, "BLOCK": 1024}) for with_snake in (False, True)
 ] + [
-    (f"pointwise conv{' (noise)' * noise}{' tf32' * tf32}{' + residual' * residual}", pointwise_conv._pointwise_conv_kernel,
+    (f"pointwise conv{' (noise)' * noise}{' tf32' * tf32}{' + residual' * residual}", snac._pointwise_conv_kernel,
      {"y_ptr": "*fp32", "weight_ptr": "*fp32", "bias_ptr": "*fp32", "residual_ptr": "*fp32", "scale_ptr": "*fp32",
       "out_ptr": "*fp32", "channels_in": "i32", "channels_out": "i32", "length": "i32", "stride_scale": "i32",
       "HAS_BIAS": "constexpr", "HAS_SCALE": "constexpr", "HAS_RESIDUAL": "constexpr", "TF32": "constexpr",
