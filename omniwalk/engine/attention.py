@@ -9,8 +9,9 @@ decode steps (query_len == 1) mix freely in one batch:
     context_lens:  [0, 41, 128]
 
 Model code calls `PagedAttention.forward(layer_index, q, k, v)`; the layer never sees
-pages or slots. On CUDA the Triton kernel (`triton_attention.py`) reads the device
-tensors of the metadata; on CPU torch SDPA runs per sequence from the host lists.
+pages or slots. On CUDA the Triton kernel (`omniwalk.kernels.paged_attention`) reads the
+device tensors of the metadata; on CPU its torch reference runs SDPA per sequence from the
+host lists.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from omniwalk.engine.kv_cache import PagedKVCache
-from omniwalk.layers.fused_ops import QKRotary, norm_rotary_into_cache
+from omniwalk.kernels.norm_rotary import QKRotary, norm_rotary_into_cache
+from omniwalk.kernels.paged_attention import paged_attention, paged_attention_reference
 
 
 @dataclass
@@ -43,7 +44,7 @@ class AttentionMetadata:
 class PagedAttention:
     """Writes new keys/values into the cache and attends over each sequence's pages.
 
-    CPU path: torch scaled_dot_product_attention per sequence over its gathered pages.
+    CPU path: `paged_attention_reference`, torch SDPA per sequence over its gathered pages.
     """
 
     def __init__(self, cache: PagedKVCache, metadata: AttentionMetadata):
@@ -60,7 +61,7 @@ class PagedAttention:
         scale: float,
         rotary: QKRotary | None = None,
     ) -> torch.Tensor:         # [num_tokens, num_heads, head_dim]
-        """`rotary`: normalize and rotate query and key first (`fused_ops.norm_rotary`); on
+        """`rotary`: normalize and rotate query and key first (`kernels.norm_rotary`); on
         CUDA one kernel does that and the cache write."""
         meta = self.metadata
         key_pool = self.cache.keys[layer_index]
@@ -71,35 +72,12 @@ class PagedAttention:
             key_pool.index_copy_(0, meta.slot_mapping, key.to(key_pool.dtype))
             value_pool.index_copy_(0, meta.slot_mapping, value.to(value_pool.dtype))
         if self.use_triton:
-            from omniwalk.engine.triton_attention import paged_attention
-
             return paged_attention(
                 query, key_pool, value_pool, meta.query_start, meta.context_lens_tensor,
                 meta.page_table_tensor, self.cache.page_size, meta.max_query_len, scale,
             )
-
-        page_size = self.cache.page_size
-        outputs = []
-        start = 0
-        for query_len, context_len, table in zip(meta.query_lens, meta.context_lens, meta.page_tables):
-            total = context_len + query_len
-            pages = torch.tensor(table, dtype=torch.long, device=query.device)
-            slots = (pages[:, None] * page_size + torch.arange(page_size, device=query.device)).flatten()[:total]
-            q = query[start : start + query_len].transpose(0, 1)        # [heads, q, dim]
-            k = key_pool.index_select(0, slots).transpose(0, 1).to(q.dtype)   # [kv_heads, total, dim]
-            v = value_pool.index_select(0, slots).transpose(0, 1).to(q.dtype)
-            mask = None
-            if query_len > 1:
-                # query i sits at absolute position context_len + i and sees keys up to it
-                positions = torch.arange(query_len, device=q.device)[:, None] + context_len
-                mask = torch.arange(total, device=q.device)[None, :] <= positions
-            out = F.scaled_dot_product_attention(
-                q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
-                attn_mask=mask, scale=scale, enable_gqa=q.shape[0] != k.shape[0],
-            )
-            outputs.append(out.squeeze(0).transpose(0, 1))
-            start += query_len
-        return torch.cat(outputs, dim=0)
+        return paged_attention_reference(query, key_pool, value_pool, meta.query_lens, meta.context_lens,
+                                         meta.page_tables, self.cache.page_size, scale)
 
 
 def build_metadata(

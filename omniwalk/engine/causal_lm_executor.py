@@ -56,7 +56,7 @@ from omniwalk.engine.prefill_graphs import PrefillGraphs
 from omniwalk.engine.sampler import RowSettings, Sampler, SamplerOutput, row_keys
 from omniwalk.engine.sampling_graphs import CandidateTable, SamplingGraphs
 from omniwalk.engine.seen_tokens import SeenTokens
-from omniwalk.layers.fused_ops import triton
+from omniwalk.kernels.triton_support import triton
 from omniwalk.runtime.executor import NodeCall, NodeExecutor
 
 logger = logging.getLogger(__name__)

@@ -10,7 +10,8 @@ states) and read by every decode step, so they live in a pool of equal slots:
     stream handle 7 -> slot 2      stream handle 12 -> slot 0     (free: 1, 3, ...)
 
 Check/act: `can_allocate()` then `allocate(handle)`; `free(handle)` at the stream's end.
-`CrossAttention` is the per-batch view model code calls, like `PagedAttention`.
+`CrossAttention` is the per-batch view model code calls, like `PagedAttention`; its decode
+step is a kernel of `omniwalk.kernels.cross_attention` on CUDA.
 """
 
 from __future__ import annotations
@@ -20,10 +21,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from omniwalk.layers.fused_ops import triton, use_triton
-
-if triton is not None:
-    import triton.language as tl
+from omniwalk.kernels.cross_attention import cross_attention_decode, cross_attention_reference
+from omniwalk.kernels.triton_support import use_triton
 
 
 @dataclass(frozen=True)
@@ -121,12 +120,7 @@ class CrossAttention:
             # 2 x 1500 x heads x head_dim values per row and layer, every step)
             return cross_attention_decode(query, keys, values, self.slot_index, scale)
         if self.uniform:   # decode steps (and equal chunks): one batched SDPA
-            batch, q_len = len(self.slot_index), self.query_lens[0]
-            q = query.view(batch, q_len, *query.shape[1:]).transpose(1, 2)             # [B, H, q, D]
-            k = keys.index_select(0, self.slot_index).transpose(1, 2).to(q.dtype)     # [B, H, S, D]
-            v = values.index_select(0, self.slot_index).transpose(1, 2).to(q.dtype)
-            out = F.scaled_dot_product_attention(q, k, v, scale=scale)
-            return out.transpose(1, 2).reshape(query.shape)
+            return cross_attention_reference(query, keys, values, self.slot_index, scale, self.query_lens[0])
         outputs, start = [], 0
         for slot, q_len in zip(self.slots, self.query_lens):
             q = query[start : start + q_len].transpose(0, 1).unsqueeze(0)              # [1, H, q, D]
@@ -136,58 +130,3 @@ class CrossAttention:
             outputs.append(out.squeeze(0).transpose(0, 1))
             start += q_len
         return torch.cat(outputs, dim=0)
-
-
-def cross_attention_decode(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                           slot_index: torch.Tensor, scale: float) -> torch.Tensor:
-    """One query token per row over its slot's keys, in one Triton kernel.
-
-    query [rows, heads, head_dim]; keys, values [num_slots, source_len, heads, head_dim] (one
-    layer of the pool); slot_index [rows]. Returns [rows, heads, head_dim] in query's dtype."""
-    rows, heads, head_dim = query.shape
-    if keys.stride() != values.stride():
-        raise ValueError("keys and values must share one layout")
-    out = torch.empty_like(query)
-    if rows:
-        _cross_decode_kernel[(rows, heads)](
-            query, keys, values, slot_index, out, scale,
-            query.stride(0), query.stride(1), keys.stride(0), keys.stride(1), keys.stride(2),
-            out.stride(0), out.stride(1), keys.shape[1],
-            HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_N=64)
-    return out
-
-
-if triton is not None:
-
-    @triton.jit
-    def _cross_decode_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, out_ptr, scale,
-                             stride_q_row, stride_q_head, stride_slot, stride_pos, stride_head,
-                             stride_o_row, stride_o_head, source_len,
-                             HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
-        row = tl.program_id(0)
-        head = tl.program_id(1)
-        dims = tl.arange(0, BLOCK_D)
-        dim_valid = dims < HEAD_DIM
-        q = tl.load(q_ptr + row * stride_q_row + head * stride_q_head + dims, mask=dim_valid, other=0.0)
-        q = q.to(tl.float32) * scale
-        base = tl.load(slot_ptr + row).to(tl.int64) * stride_slot + head * stride_head
-        m_i = tl.full((), float("-inf"), tl.float32)    # online softmax over the source positions
-        l_i = tl.full((), 0.0, tl.float32)
-        acc = tl.zeros([BLOCK_D], tl.float32)
-        for start in range(0, source_len, BLOCK_N):
-            pos = start + tl.arange(0, BLOCK_N)
-            valid = pos < source_len
-            offsets = base + pos[:, None] * stride_pos + dims[None, :]
-            mask = valid[:, None] & dim_valid[None, :]
-            k = tl.load(k_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-            scores = tl.where(valid, tl.sum(k * q[None, :], axis=1), float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(scores, axis=0))
-            p = tl.exp(scores - m_new)
-            correction = tl.exp(m_i - m_new)
-            v = tl.load(v_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-            acc = acc * correction + tl.sum(p[:, None] * v, axis=0)
-            l_i = l_i * correction + tl.sum(p, axis=0)
-            m_i = m_new
-        out = acc / l_i
-        tl.store(out_ptr + row * stride_o_row + head * stride_o_head + dims,
-                 out.to(out_ptr.dtype.element_ty), mask=dim_valid)

@@ -29,7 +29,7 @@ import torch
 
 from omniwalk.engine.attention import AttentionMetadata, PagedAttention
 from omniwalk.engine.cuda_graphs import BucketGraphs, DecodeGraphs
-from omniwalk.layers.ragged import RaggedLengths, conv_window_indices
+from omniwalk.engine.ragged import RaggedLengths, conv_window_indices
 
 TOKEN_BUCKETS = (16, 32, 64, 128)
 SEQUENCE_BUCKETS = (2, 4, 8)           # padding included: up to 7 real pieces

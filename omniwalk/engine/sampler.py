@@ -43,8 +43,8 @@ import torch
 import torch.nn.functional as F
 
 from omniwalk.engine.host_to_device import to_device
-from omniwalk.engine.race_kernel import race_argmax
-from omniwalk.layers.fused_ops import use_triton
+from omniwalk.kernels.sampling import _uniform, race_argmax, race_reference
+from omniwalk.kernels.triton_support import use_triton
 
 __all__ = ["SamplingParams", "SamplerOutput", "Sampler", "SamplingPlan", "RowValues", "sample_rows", "MAX_LOGPROBS"]
 
@@ -56,7 +56,6 @@ _MIN_TEMPERATURE = 1e-6
 
 _MASK32 = 0xFFFFFFFF
 _MASK64 = 0xFFFFFFFFFFFFFFFF
-_INV_2_32 = 1.0 / 4294967296.0
 
 
 @dataclass(frozen=True)
@@ -175,21 +174,6 @@ def row_keys(seeds, sample_indices) -> np.ndarray:
         return _splitmix64_array(_splitmix64_array(_as_uint64(seeds)) + _as_uint64(sample_indices))
 
 
-def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
-    """(x * c) mod 2**32 for int64 x in [0, 2**32) and a constant c < 2**32, without overflow."""
-    hi, lo = c >> 16, c & 0xFFFF
-    return ((((x * hi) & 0xFFFF) << 16) + x * lo) & _MASK32
-
-
-def _fmix32(h: torch.Tensor) -> torch.Tensor:
-    """MurmurHash3's finalizer on int64 values in [0, 2**32) (a bijection of that range)."""
-    h = h ^ (h >> 16)
-    h = _mul32(h, 0x85EBCA6B)
-    h = h ^ (h >> 13)
-    h = _mul32(h, 0xC2B2AE35)
-    return h ^ (h >> 16)
-
-
 def _key_halves(keys, device) -> tuple[torch.Tensor, torch.Tensor]:
     """64-bit keys (ints or uint64) -> their (low, high) 32-bit halves as int64 tensors, one copy."""
     keys = np.asarray(keys, dtype=np.uint64)
@@ -202,13 +186,6 @@ def _key_halves(keys, device) -> tuple[torch.Tensor, torch.Tensor]:
     halves[1, :rows] = keys >> np.uint64(32)
     low, high = to_device(halves, dtype=torch.int64, device=device)
     return low[:rows], high[:rows]
-
-
-def _uniform(tokens: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
-    """float64 uniforms in (0, 1) of (key, token) pairs; the arguments broadcast together."""
-    h = _fmix32(tokens ^ low)
-    h = _fmix32((h + high) & _MASK32)
-    return (h.to(torch.float64) + 0.5) * _INV_2_32
 
 
 def hash_uniform(keys, vocab_size: int, device: torch.device | str) -> torch.Tensor:
@@ -378,29 +355,10 @@ def race(scaled: torch.Tensor, low: torch.Tensor, high: torch.Tensor,
          token_ids: torch.Tensor | None = None) -> torch.Tensor:
     """argmax(softmax(scaled) / E) with E ~ Exp(1) from the counter-based hash of (row key,
     token id): the winning column. Column t is token t, or `token_ids[row, t]` (what is hashed).
-
-    Only finite entries can win, and each entry's noise depends on (key, token id)
-    alone, so when filtering (top-p, top-k, a logits mask) left few candidates the torch
-    version races those only: the same winner, without hashing the whole [rows, vocab]
-    matrix (40 million entries at 256 rows of a 157k vocabulary)."""
-    if use_triton(scaled):   # one kernel, no host sync (omniwalk.engine.race_kernel)
+    One Triton kernel on CUDA, its torch reference elsewhere (`omniwalk.kernels.sampling`)."""
+    if use_triton(scaled):   # one kernel, no host sync
         return race_argmax(scaled, low, high, token_ids)
-    rows_count, vocab = scaled.shape
-    finite = torch.isfinite(scaled)
-    if int(finite.sum()) * 4 > rows_count * vocab:   # dense: most entries are candidates
-        tokens = token_ids if token_ids is not None else torch.arange(vocab, device=scaled.device).unsqueeze(0)
-        u = _uniform(tokens, low.unsqueeze(1), high.unsqueeze(1))
-        return (scaled.to(torch.float64) - torch.log(-torch.log(u))).argmax(dim=-1)
-    rows, cols = finite.nonzero(as_tuple=True)
-    u = _uniform(cols if token_ids is None else token_ids[rows, cols], low[rows], high[rows])
-    score = scaled[rows, cols].to(torch.float64) - torch.log(-torch.log(u))
-    best = torch.full((rows_count,), -math.inf, dtype=torch.float64, device=scaled.device)
-    best = best.scatter_reduce(0, rows, score, "amax")
-    is_best = score == best[rows]
-    # ties go to the lowest token id, as argmax does; a row with no finite entry gets 0
-    winner = torch.full((rows_count,), vocab, dtype=torch.int64, device=scaled.device)
-    winner = winner.scatter_reduce(0, rows[is_best], cols[is_best], "amin")
-    return torch.where(winner == vocab, torch.zeros_like(winner), winner)
+    return race_reference(scaled, low, high, token_ids)
 
 
 class Sampler:

@@ -35,8 +35,8 @@ import numpy as np
 import torch
 
 from omniwalk.engine.host_to_device import to_device
-from omniwalk.layers.ragged import RaggedLengths
-from omniwalk.layers.state_rows import StateRows
+from omniwalk.engine.ragged import RaggedLengths
+from omniwalk.kernels.state_rows import StateRows
 
 
 @dataclass(frozen=True)

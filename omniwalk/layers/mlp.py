@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from omniwalk.layers import fused_ops
+from omniwalk.kernels.silu_mul import silu_and_mul
 
 
 class GatedMLP(nn.Module):
@@ -25,4 +25,4 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [num_tokens, hidden]
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(fused_ops.silu_and_mul(gate, up, quantize=self.quantize_output))
+        return self.down_proj(silu_and_mul(gate, up, quantize=self.quantize_output))

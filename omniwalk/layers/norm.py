@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from omniwalk.layers import fused_ops
+from omniwalk.kernels.rms_norm import add_rms_norm, gated_rms_norm, rms_norm
 
 
 class RMSNorm(nn.Module):
@@ -21,11 +21,11 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., dim]
         # Normalize in fp32, cast back to the input dtype, and only then scale by the
         # weight: the order matters for bit-parity with transformers in bf16.
-        return fused_ops.rms_norm(x, self.weight, self.eps, quantize=self.quantize_output)
+        return rms_norm(x, self.weight, self.eps, quantize=self.quantize_output)
 
     def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm(x + residual), x + residual), one kernel on CUDA."""
-        return fused_ops.add_rms_norm(x, residual, self.weight, self.eps, quantize=self.quantize_output)
+        return add_rms_norm(x, residual, self.weight, self.eps, quantize=self.quantize_output)
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.eps}"
@@ -47,12 +47,12 @@ class ZeroCenteredRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., dim]
-        return fused_ops.rms_norm(x, self.weight, self.eps, zero_centered=True, quantize=self.quantize_output)
+        return rms_norm(x, self.weight, self.eps, zero_centered=True, quantize=self.quantize_output)
 
     def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm(x + residual), x + residual), one kernel on CUDA."""
-        return fused_ops.add_rms_norm(x, residual, self.weight, self.eps, zero_centered=True,
-                                      quantize=self.quantize_output)
+        return add_rms_norm(x, residual, self.weight, self.eps, zero_centered=True,
+                            quantize=self.quantize_output)
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.eps}"
@@ -64,4 +64,4 @@ class GatedRMSNorm(RMSNorm):
     gate in fp32, cast back."""
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:  # x, gate: [..., dim]
-        return fused_ops.gated_rms_norm(x, gate, self.weight, self.eps)
+        return gated_rms_norm(x, gate, self.weight, self.eps)

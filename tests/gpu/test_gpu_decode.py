@@ -135,13 +135,13 @@ def test_lookahead_drops_steps_past_a_stop(checkpoint):
 @pytest.mark.parametrize("with_norm,zero_centered", [(False, False), (True, False), (True, True)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_norm_rotary_into_cache_kernel_writes_the_bits_of_the_separate_kernels(with_norm, zero_centered, dtype):
-    from tests.layers.test_fused_ops import rotary_into_cache_case
-    from omniwalk.layers import fused_ops
+    from tests.kernels.test_norm_rotary import rotary_into_cache_case
+    from omniwalk.kernels.norm_rotary import norm_rotary_into_cache
 
     for fraction in (1.0, 0.25):
         args, expected_query, expected_keys, expected_values = rotary_into_cache_case(
             dtype, with_norm, zero_centered, fraction, device="cuda")   # expected: norm_rotary's kernel + index_put
-        query = fused_ops.norm_rotary_into_cache(*args)
+        query = norm_rotary_into_cache(*args)
         assert torch.equal(query, expected_query)
         assert torch.equal(args[4], expected_keys)
         assert torch.equal(args[5], expected_values)

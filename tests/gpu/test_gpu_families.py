@@ -10,8 +10,10 @@ import pytest
 import torch
 
 from omniwalk import Engine, EngineArgs, GenerationRequest, SamplingParams
+from omniwalk.engine.ragged import RaggedLengths
+from omniwalk.kernels.gated_delta_rule import chunk_gated_delta_rule, gdn_gates, recurrent_gated_delta_rule
+from omniwalk.kernels.state_rows import StateRows
 from omniwalk.layers import gated_delta_rule as gdr
-from omniwalk.layers.state_rows import StateRows
 
 pytestmark = pytest.mark.gpu
 
@@ -56,8 +58,8 @@ def test_delta_rule_kernels_match_fla_and_the_torch_reference():
     fla_out, fla_state = fla_recurrent(q, k, v, g=a, beta=b, initial_state=state, output_final_state=True,
                                        use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=A_log,
                                        dt_bias=dt_bias, use_beta_sigmoid_in_kernel=True)
-    g, beta = gdr.gdn_gates(a, b, A_log, dt_bias)
-    ref_out, ref_state = gdr.recurrent_gated_delta_rule(q, k, v, g, beta, state)
+    g, beta = gdn_gates(a, b, A_log, dt_bias)
+    ref_out, ref_state = recurrent_gated_delta_rule(q, k, v, g, beta, state)
     for expected_out, expected_state in ((fla_out, fla_state), (ref_out, ref_state)):
         assert (out - expected_out[:, 0]).abs().max() < 1e-4
         assert (rows.pool[rows.write] - expected_state).abs().max() < 1e-4
@@ -67,13 +69,13 @@ def test_delta_rule_kernels_match_fla_and_the_torch_reference():
         q, k, v, a, b = (x[0] for x in delta_rule_inputs(1, sum(lengths), torch.float32)[:5])
         states = torch.randn(len(lengths), 8, 64, 64, device="cuda") * 0.1
         rows = pool_rows(states)
-        out = gdr.gated_delta_rule_varlen(q, k, v, a, b, A_log, dt_bias, rows, gdr.RaggedLengths(lengths, q.device))
-        g, beta = gdr.gdn_gates(a, b, A_log, dt_bias)
+        out = gdr.gated_delta_rule_varlen(q, k, v, a, b, A_log, dt_bias, rows, RaggedLengths(lengths, q.device))
+        g, beta = gdn_gates(a, b, A_log, dt_bias)
         start = 0
         for i, length in enumerate(lengths):
             span = slice(start, start + length)
-            ref_out, ref_state = gdr.chunk_gated_delta_rule(q[None, span], k[None, span], v[None, span],
-                                                            g[None, span], beta[None, span], states[i, None])
+            ref_out, ref_state = chunk_gated_delta_rule(q[None, span], k[None, span], v[None, span],
+                                                        g[None, span], beta[None, span], states[i, None])
             assert (out[span] - ref_out[0]).abs().max() < 2e-3
             assert (rows.pool[rows.write[i]] - ref_state[0]).abs().max() < 5e-3
             start += length

@@ -5,8 +5,11 @@ import pytest
 import torch
 
 from omniwalk import Engine, EngineArgs, GenerationRequest, SamplingParams
-from omniwalk.layers import fp8_linear, fused_ops
-from omniwalk.layers.fp8_linear import Fp8Linear, fp8_supported, quantize_rows, quantize_rows_reference
+from omniwalk.kernels.fp8 import quantize_rows, quantize_rows_reference
+from omniwalk.kernels.rms_norm import add_rms_norm, rms_norm
+from omniwalk.kernels.silu_mul import silu_and_mul
+from omniwalk.layers import fp8_linear
+from omniwalk.layers.fp8_linear import Fp8Linear, fp8_supported
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available() or not fp8_supported(torch.device("cuda")),
@@ -36,12 +39,12 @@ def test_norms_quantizing_their_output_write_the_quantized_norm_bit_for_bit(widt
     gen = torch.Generator("cuda").manual_seed(width)
     x, residual = (torch.randn(2, 37, width, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(2))
     weight = torch.randn(width, generator=gen, device="cuda").to(torch.bfloat16)
-    normed, summed = fused_ops.add_rms_norm(x, residual, weight, 1e-6, zero_centered)
-    fused, fused_summed = fused_ops.add_rms_norm(x, residual, weight, 1e-6, zero_centered, quantize=True)
+    normed, summed = add_rms_norm(x, residual, weight, 1e-6, zero_centered)
+    fused, fused_summed = add_rms_norm(x, residual, weight, 1e-6, zero_centered, quantize=True)
     assert torch.equal(fused_summed, summed) and fused.dtype == torch.bfloat16
     _assert_rows_equal(fused, normed)
-    _assert_rows_equal(fused_ops.rms_norm(x, weight, 1e-6, zero_centered, quantize=True),
-                       fused_ops.rms_norm(x, weight, 1e-6, zero_centered))
+    _assert_rows_equal(rms_norm(x, weight, 1e-6, zero_centered, quantize=True),
+                       rms_norm(x, weight, 1e-6, zero_centered))
 
 
 @pytest.mark.parametrize("width", [96, 8192])
@@ -49,7 +52,7 @@ def test_silu_mul_quantizing_its_output_writes_the_quantized_product_bit_for_bit
     gen = torch.Generator("cuda").manual_seed(width)
     gate_up = (torch.randn(37, 2 * width, generator=gen, device="cuda") * 3).to(torch.bfloat16)
     gate, up = gate_up.split(width, dim=-1)   # strided halves of one projection, as in the MLP
-    _assert_rows_equal(fused_ops.silu_and_mul(gate, up, quantize=True), fused_ops.silu_and_mul(gate, up))
+    _assert_rows_equal(silu_and_mul(gate, up, quantize=True), silu_and_mul(gate, up))
 
 
 def test_fused_input_quantization_samples_the_ids_of_the_unfused_engine(monkeypatch):

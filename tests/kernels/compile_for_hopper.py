@@ -8,9 +8,9 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from omniwalk.engine import cross_attention, race_kernel
-from omniwalk.layers import causal_conv, fp8_linear, fused_ops, gated_delta_rule_triton
-from omniwalk.models.orpheus import depthwise_conv, pointwise_conv, snake
+from omniwalk.kernels import (
+    causal_conv, cross_attention, fp8, gated_delta_rule, norm_rotary, rms_norm, sampling, silu_mul, snac,
+)
 
 QUANTIZE_ARGS = {"fp8_max": "fp32", "inverse_fp8_max": "fp32", "min_scale": "fp32"}
 
@@ -28,11 +28,11 @@ NORM_ROTARY = {"x_ptr": "*bf16", "weight_ptr": "*bf16", "cos_ptr": "*fp32", "sin
                "HAS_NORM": "constexpr", "ZERO_CENTERED": "constexpr", "HEAD_DIM": "constexpr", "BLOCK_D": "constexpr",
                "HALF": "constexpr", "BLOCK_HALF": "constexpr"}
 KERNELS = [
-    ("fp8 row quantization", fp8_linear._quantize_rows_kernel,
+    ("fp8 row quantization", fp8._quantize_rows_kernel,
      {"x_ptr": "*bf16", "out_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "stride_x": "i32", "width": "i32",
       "fp8_max": "fp32", "inverse_fp8_max": "fp32", "min_scale": "fp32", "BLOCK": "constexpr"}, {"BLOCK": 8192}),
 ] + [
-    (f"race{' over candidate ids' * ids}", race_kernel._race_kernel,
+    (f"race{' over candidate ids' * ids}", sampling._race_kernel,
      {"scaled_ptr": "*fp32", "low_ptr": "*i64", "high_ptr": "*i64", "ids_ptr": "*i64", "out_ptr": "*i64",
       "vocab": "i32", "stride_row": "i32", "stride_ids_row": "i32", "HAS_IDS": "constexpr", "BLOCK": "constexpr"},
      {"HAS_IDS": ids, "BLOCK": 1024}) for ids in (False, True)
@@ -43,7 +43,7 @@ KERNELS = [
       "channels": "i32", "batch": "i32", "end_first": "i32", "end_second": "i32",
       "TAPS": "constexpr", "BLOCK": "constexpr"}, {"TAPS": 4, "BLOCK": 256}),
 ] + [
-    (f"gated delta rule{' (ragged)' * varlen}", gated_delta_rule_triton._gated_delta_rule_kernel,
+    (f"gated delta rule{' (ragged)' * varlen}", gated_delta_rule._gated_delta_rule_kernel,
      {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "a_ptr": "*bf16", "b_ptr": "*bf16", "A_log_ptr": "*bf16",
       "dt_bias_ptr": "*bf16", "out_ptr": "*bf16", "pool_ptr": "*fp32", "read_ptr": "*i64", "write_ptr": "*i64",
       "cu_seqlens_ptr": "*i64", "stride_q": "i32", "stride_k": "i32", "stride_v": "i32", "stride_a": "i32",
@@ -52,7 +52,7 @@ KERNELS = [
      {"KEY_HEADS": 16, "VALUE_HEADS": 16, "KEY_DIM": 128, "VALUE_DIM": 128, "BLOCK_V": 8, "VARLEN": varlen})
     for varlen in (False, True)
 ] + [
-    ("gated rms norm", fused_ops._gated_rms_norm_kernel,
+    ("gated rms norm", rms_norm._gated_rms_norm_kernel,
      {"x_ptr": "*bf16", "gate_ptr": "*bf16", "weight_ptr": "*bf16", "out_ptr": "*bf16", "heads": "i32",
       "stride_gate_token": "i32", "stride_gate_head": "i32", "eps": "fp32", "width": "i32", "BLOCK": "constexpr"},
      {"BLOCK": 128}),
@@ -62,17 +62,17 @@ KERNELS = [
       "stride_o_row": "i32", "stride_o_head": "i32", "source_len": "i32",
       "HEAD_DIM": "constexpr", "BLOCK_D": "constexpr", "BLOCK_N": "constexpr"},
      {"HEAD_DIM": 64, "BLOCK_D": 64, "BLOCK_N": 64}),
-    ("snake", snake._snake_kernel,
+    ("snake", snac._snake_kernel,
      {"x_ptr": "*fp32", "alpha_ptr": "*fp32", "out_ptr": "*fp32", "channels": "i32", "length": "i32",
       "BLOCK": "constexpr"}, {"BLOCK": 1024}),
 ] + [
-    (f"depthwise conv{' + snake' * with_snake}", depthwise_conv._depthwise_conv_kernel,
+    (f"depthwise conv{' + snake' * with_snake}", snac._depthwise_conv_kernel,
      {"x_ptr": "*fp32", "weight_ptr": "*fp32", "bias_ptr": "*fp32", "alpha_ptr": "*fp32", "out_ptr": "*fp32",
       "channels": "i32", "length": "i32", "dilation": "i32", "padding": "i32", "TAPS": "constexpr",
       "HAS_BIAS": "constexpr", "SNAKE": "constexpr", "BLOCK": "constexpr"},
      {"TAPS": 7, "HAS_BIAS": True, "SNAKE": with_snake, "BLOCK": 1024}) for with_snake in (False, True)
 ] + [
-    (f"pointwise conv{' (noise)' * noise}{' tf32' * tf32}{' + residual' * residual}", pointwise_conv._pointwise_conv_kernel,
+    (f"pointwise conv{' (noise)' * noise}{' tf32' * tf32}{' + residual' * residual}", snac._pointwise_conv_kernel,
      {"y_ptr": "*fp32", "weight_ptr": "*fp32", "bias_ptr": "*fp32", "residual_ptr": "*fp32", "scale_ptr": "*fp32",
       "out_ptr": "*fp32", "channels_in": "i32", "channels_out": "i32", "length": "i32", "stride_scale": "i32",
       "HAS_BIAS": "constexpr", "HAS_SCALE": "constexpr", "HAS_RESIDUAL": "constexpr", "TF32": "constexpr",
@@ -81,17 +81,17 @@ KERNELS = [
       "BLOCK_T": 128, "BLOCK_I": 32})
     for noise in (False, True) for tf32 in (False, True) for residual in (False, True)
 ] + [
-    (f"silu and mul{' (fp8 out)' * quantize}", fused_ops._silu_mul_kernel,
+    (f"silu and mul{' (fp8 out)' * quantize}", silu_mul._silu_mul_kernel,
      {"gate_ptr": "*bf16", "up_ptr": "*bf16", "out_ptr": "*fp8e4nv" if quantize else "*bf16", "stride_gate": "i32",
       "stride_up": "i32", "width": "i32", "scale_ptr": "*fp32" if quantize else "*bf16", **QUANTIZE_ARGS,
       "BLOCK": "constexpr", "QUANTIZE": "constexpr"}, {"BLOCK": 8192 if quantize else 1024, "QUANTIZE": quantize})
     for quantize in (False, True)
 ] + [
-    (f"add+rms norm{' (zero-centered)' * zc}{' (fp8 out)' * quantize}", fused_ops._add_rms_norm_kernel,
+    (f"add+rms norm{' (zero-centered)' * zc}{' (fp8 out)' * quantize}", rms_norm._add_rms_norm_kernel,
      norm_signature(quantize), {"HAS_RESIDUAL": True, "ZERO_CENTERED": zc, "QUANTIZE": quantize, "BLOCK": 1024})
     for zc in (False, True) for quantize in (False, True)
 ] + [
-    (f"norm+rotary{' (zero-centered)' * zc}", fused_ops._norm_rotary_kernel, NORM_ROTARY,
+    (f"norm+rotary{' (zero-centered)' * zc}", norm_rotary._norm_rotary_kernel, NORM_ROTARY,
      {"HAS_NORM": True, "ZERO_CENTERED": zc, "HEAD_DIM": 256, "BLOCK_D": 256, "HALF": 32, "BLOCK_HALF": 32})
     for zc in (False, True)
 ]

@@ -9,11 +9,9 @@ import torch
 from torch import nn
 
 from omniwalk import Engine, EngineArgs, GenerationRequest, SamplingParams
+from omniwalk.kernels.fp8 import FP8_DTYPE, FP8_MAX, Fp8Rows, quantize_rows, quantize_rows_reference
 from omniwalk.layers import fp8_linear
-from omniwalk.layers.fp8_linear import (
-    FP8_DTYPE, FP8_MAX, Fp8Linear, Fp8Rows, fuse_input_quantization, quantize_linear_layers, quantize_rows,
-    quantize_rows_reference,
-)
+from omniwalk.layers.fp8_linear import Fp8Linear, fuse_input_quantization, quantize_linear_layers
 from omniwalk.loading import load_model
 
 

@@ -116,11 +116,12 @@ def test_a_part_of_a_window_decodes_alone_to_the_same_samples(config):
 def test_snac_with_its_triton_kernels_matches_the_snac_package(monkeypatch):
     """The CUDA path's kernels (Snake, depthwise conv with and without a Snake after it,
     1x1 conv with the residual add or the noise or neither, short transposed convs as a
-    GEMM), in Triton's interpreter here, inside the whole decoder and alone."""
+    GEMM), in Triton's interpreter here, inside the whole decoder; the depthwise conv module
+    and the transposed convs as a GEMM alone (the kernels alone: tests/kernels/test_snac.py)."""
     pytest.importorskip("triton")
-    from omniwalk.models.orpheus import depthwise_conv, pointwise_conv, snake
-    for module in (snake, depthwise_conv, pointwise_conv):
-        monkeypatch.setattr(module, "use_triton", lambda x: True)
+    from omniwalk.kernels import snac as snac_ops
+    from omniwalk.models.orpheus.snac import DepthwiseConv1d, UpsampleBlock
+    monkeypatch.setattr(snac_ops, "use_triton", lambda x: True)
     reference = reference_snac(TINY_SNAC, seed=3)
     ours = SnacDecoder(TINY_SNAC)
     load_snac_state(ours, reference.state_dict())
@@ -135,17 +136,13 @@ def test_snac_with_its_triton_kernels_matches_the_snac_package(monkeypatch):
         middle = ours(codes, torch_global_noise, (frame, 2 * frame))
     assert (got - expected).abs().max().item() < 1e-4 and expected.std().item() > 1e-3
     assert (middle - expected[:, :, frame:2 * frame]).abs().max().item() < 1e-4
-    x, alpha = torch.randn(2, 5, 37) * 3, torch.rand(1, 5, 1) + 0.5
-    torch.testing.assert_close(snake.snake(x, alpha), snake.snake_reference(x, alpha), atol=1e-5, rtol=1e-5)
+    x = torch.randn(2, 5, 37) * 3
     for dilation in (1, 3, 9):   # windows reaching past both ends of a short input
-        conv = depthwise_conv.DepthwiseConv1d(5, 7, dilation)
+        conv = DepthwiseConv1d(5, 7, dilation)
         expected = torch.nn.functional.conv1d(x, conv.weight, conv.bias, padding=3 * dilation, dilation=dilation,
                                               groups=5)
         torch.testing.assert_close(conv(x), expected, atol=1e-5, rtol=1e-5)
-        fused = depthwise_conv.depthwise_conv1d(x, conv.weight, conv.bias, dilation, 3 * dilation, snake_alpha=alpha)
-        torch.testing.assert_close(fused, snake.snake_reference(expected, alpha), atol=1e-5, rtol=1e-5)
     # short transposed convs as a GEMM + overlap-add: SNAC's rates and an odd one, channels off the blocks
-    from omniwalk.models.orpheus.snac import UpsampleBlock
     for channels_in, channels_out, rate, length in ((40, 20, 8, 5), (24, 70, 4, 9), (17, 9, 2, 32), (6, 5, 3, 7)):
         block = UpsampleBlock(channels_in, channels_out, rate, noise=False, groups=channels_out)
         x_in = torch.randn(3, channels_in, length)
@@ -153,16 +150,6 @@ def test_snac_with_its_triton_kernels_matches_the_snac_package(monkeypatch):
             got, expected_up = block._upsample_as_gemm(block.block[1], x_in), block.block[1](x_in)
         assert got.shape == expected_up.shape == (3, channels_out, length * rate)
         torch.testing.assert_close(got, expected_up, atol=1e-4, rtol=1e-5)
-    # 1x1 conv: channel counts and lengths off the kernel's blocks, with and without bias / noise
-    for channels_in, channels_out, length in ((5, 7, 37), (48, 70, 300)):
-        y, residual = torch.randn(2, channels_in, length), torch.randn(2, channels_out, length)
-        weight, bias, noise = torch.randn(channels_out, channels_in, 1), torch.randn(channels_out), torch.randn(2, 1, length)
-        for b, scale in ((bias, None), (None, noise), (bias, noise)):
-            torch.testing.assert_close(pointwise_conv.pointwise_conv(y, weight, b, residual, scale),
-                                       pointwise_conv.pointwise_conv_reference(y, weight, b, residual, scale),
-                                       atol=1e-4, rtol=1e-5)
-        torch.testing.assert_close(pointwise_conv.pointwise_conv(y, weight, None, None),
-                                   torch.nn.functional.conv1d(y, weight), atol=1e-4, rtol=1e-5)
 
 
 def test_snac_loads_old_weight_norm_names():

@@ -23,8 +23,8 @@ from omniwalk import Engine, EngineArgs, GenerationRequest, SamplingParams
 from omniwalk.engine.attention import PagedAttention, attention_for_tests, build_metadata
 from omniwalk.engine.kv_cache import KVCacheShape, PagedKVCache
 from omniwalk.engine.state_pool import StateBatch, StatePool, StatePoolShape
-from omniwalk.layers.causal_conv import causal_conv1d
-from omniwalk.layers.gated_delta_rule import chunk_gated_delta_rule, recurrent_gated_delta_rule
+from omniwalk.kernels.causal_conv import causal_conv1d
+from omniwalk.kernels.gated_delta_rule import chunk_gated_delta_rule, recurrent_gated_delta_rule
 from omniwalk.models import qwen3_5
 from omniwalk.models.loader import init_random_weights, load_checkpoint_weights, read_hf_config
 from omniwalk.models.qwen3_5.loading import checkpoint_name, state_pool_shape
@@ -296,12 +296,14 @@ def test_decode_steps_through_the_fused_kernels_match_full_forward(hf_checkpoint
     add+norm, QK-norm + partial rotary, the conv decode step reading a strided packed
     projection, the gated norm, the recurrent kernel over pool rows for the ragged
     prefill and the decode steps): logits equal the unfused full forward's."""
-    from omniwalk.layers import causal_conv, fused_ops, gated_delta_rule
+    from omniwalk.kernels import causal_conv, norm_rotary, rms_norm, silu_mul
+    from omniwalk.layers import gated_delta_rule
     model = load_ours(hf_checkpoint[0])
     tokens = {0: torch.randint(0, 512, (14,), generator=torch.Generator().manual_seed(6)),
               1: torch.randint(0, 512, (10,), generator=torch.Generator().manual_seed(7))}
     expected = {h: full_forward(model, ids) for h, ids in tokens.items()}
-    monkeypatch.setattr(fused_ops, "use_triton", lambda x: True)
+    for kernels in (rms_norm, norm_rotary, silu_mul):
+        monkeypatch.setattr(kernels, "use_triton", lambda x: True)
     monkeypatch.setattr(causal_conv, "use_triton", lambda x: True)
     monkeypatch.setattr(gated_delta_rule, "use_triton", lambda x: True)
     sequences = PooledSequences(model, tokens)

@@ -16,10 +16,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from omniwalk.engine.attention import PagedAttention
+from omniwalk.kernels.norm_rotary import QKRotary
 from omniwalk.layers.config import DecoderConfig
 from omniwalk.layers.mlp import GatedMLP
 from omniwalk.layers.norm import RMSNorm
-from omniwalk.layers.fused_ops import QKRotary
 from omniwalk.layers.rotary import RotaryEmbedding
 
 

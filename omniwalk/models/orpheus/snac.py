@@ -36,9 +36,7 @@ import torch
 from torch import nn
 
 from omniwalk.engine.sampler import hash_uniform, row_keys
-from omniwalk.models.orpheus import pointwise_conv as pointwise
-from omniwalk.models.orpheus.depthwise_conv import DepthwiseConv1d, depthwise_conv1d
-from omniwalk.models.orpheus.snake import snake
+from omniwalk.kernels import snac as snac_ops
 
 # (upsampling block index, activations [B, C, T], the true time step of x[..., 0], the
 # block's full output length) -> noise [B, 1, T]: the noise of those T steps of the block
@@ -106,7 +104,24 @@ class Snake(nn.Module):
         self.alpha = nn.Parameter(torch.ones(1, channels, 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, C, T]
-        return snake(x, self.alpha)   # one Triton kernel on CUDA (`snake.py`)
+        return snac_ops.snake(x, self.alpha)   # one Triton kernel on CUDA (`omniwalk.kernels.snac`)
+
+
+class DepthwiseConv1d(nn.Conv1d):
+    """`nn.Conv1d(channels, channels, kernel_size, dilation=d, padding=d * (kernel_size - 1) // 2,
+    groups=channels)`: same parameters and names, so checkpoints load as for `nn.Conv1d`;
+    one Triton kernel on CUDA (`omniwalk.kernels.snac.depthwise_conv1d`)."""
+
+    def __init__(self, channels: int, kernel_size: int, dilation: int = 1):
+        if (kernel_size - 1) * dilation % 2:
+            raise ValueError("a length-preserving depthwise conv needs an even (kernel_size - 1) * dilation")
+        super().__init__(channels, channels, kernel_size, dilation=dilation,
+                         padding=dilation * (kernel_size - 1) // 2, groups=channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:   # [B, C, T] -> [B, C, T]
+        if not snac_ops.use_triton(x):
+            return super().forward(x)
+        return snac_ops.depthwise_conv1d(x, self.weight, self.bias, self.dilation[0], self.padding[0])
 
 
 class ResidualUnit(nn.Module):
@@ -124,12 +139,12 @@ class ResidualUnit(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         first_snake, conv, second_snake, last = self.block
-        if not (pointwise.use_triton(x) and isinstance(conv, DepthwiseConv1d)):
+        if not (snac_ops.use_triton(x) and isinstance(conv, DepthwiseConv1d)):
             return x + self.block(x)
         # three kernels: Snake; the dilated conv with the second Snake; the 1x1 conv with the add
-        y = depthwise_conv1d(first_snake(x), conv.weight, conv.bias, conv.dilation[0], conv.padding[0],
-                             snake_alpha=second_snake.alpha)
-        return pointwise.pointwise_conv(y, last.weight, last.bias, residual=x)
+        y = snac_ops.depthwise_conv1d(first_snake(x), conv.weight, conv.bias, conv.dilation[0], conv.padding[0],
+                                      snake_alpha=second_snake.alpha)
+        return snac_ops.pointwise_conv(y, last.weight, last.bias, residual=x)
 
 
 class NoiseInjection(nn.Module):
@@ -140,7 +155,7 @@ class NoiseInjection(nn.Module):
         self.linear = nn.Conv1d(dim, dim, kernel_size=1, bias=False)
 
     def forward(self, x: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:  # noise: [B, 1, T]
-        return pointwise.pointwise_conv(x, self.linear.weight, None, residual=x, scale=noise)
+        return snac_ops.pointwise_conv(x, self.linear.weight, None, residual=x, scale=noise)
 
 
 # Transposed convolutions over at most this many input steps run as a GEMM + overlap-add
@@ -179,7 +194,7 @@ class UpsampleBlock(nn.Module):
                 if noise is not None:
                     x = layer(x, noise(index, x, start, x.shape[-1] if total is None else total))
             elif (isinstance(layer, nn.ConvTranspose1d) and x.shape[-1] <= SHORT_UPSAMPLE_INPUT
-                  and pointwise.use_triton(x)):
+                  and snac_ops.use_triton(x)):
                 x = self._upsample_as_gemm(layer, x)
             else:
                 x = layer(x)
@@ -201,7 +216,7 @@ class UpsampleBlock(nn.Module):
         if self._gemm_weight is None or self._gemm_weight[0] != key:   # [out * taps, in, 1], once
             self._gemm_weight = (key, conv.weight.detach().permute(1, 2, 0).reshape(-1, channels_in, 1).contiguous())
         columns = x.transpose(0, 1).reshape(1, channels_in, batch * length)          # steps of all rows
-        y = pointwise.pointwise_conv(columns, self._gemm_weight[1], None, None)      # [1, out * 2 rate, B * L]
+        y = snac_ops.pointwise_conv(columns, self._gemm_weight[1], None, None)       # [1, out * 2 rate, B * L]
         channels_out = conv.out_channels
         y = y.view(channels_out, 2, rate, batch, length).permute(1, 3, 0, 4, 2)     # [half, B, out, L, r]
         now = torch.nn.functional.pad(y[0].reshape(batch, channels_out, length * rate), (0, rate))

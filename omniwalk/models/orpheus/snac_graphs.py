@@ -28,7 +28,8 @@ import numpy as np
 import torch
 
 from omniwalk.engine.cuda_graphs import batch_buckets, capture_per_bucket
-from omniwalk.engine.sampler import _uniform, row_keys
+from omniwalk.engine.sampler import row_keys
+from omniwalk.kernels.sampling import _uniform
 from omniwalk.models.orpheus.snac import SnacDecoder, gaussian
 
 LEVEL_CODES = (1, 2, 4)   # codes per frame on SNAC's three levels (7 in all)

@@ -3,8 +3,9 @@ served with a recurrent-state slot per request beside the paged KV cache (`loadi
 The vision tower of Qwen3_5ForConditionalGeneration checkpoints is not served yet: their
 language model loads alone.
 
-Kernels: `omniwalk.layers.gated_delta_rule` (chunked prefill, recurrent decode) and
-`omniwalk.layers.causal_conv` (short convolution with state), torch on CPU.
+Kernels: `omniwalk.kernels.gated_delta_rule` (chunked prefill, recurrent decode; chosen by
+`omniwalk.layers.gated_delta_rule`) and `omniwalk.kernels.causal_conv` (short convolution
+with state), torch on CPU.
 """
 
 from omniwalk.models.decoder_lm.model import text_frontends, text_warmup

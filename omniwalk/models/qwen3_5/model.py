@@ -23,13 +23,13 @@ from torch import nn
 
 from omniwalk.engine.attention import PagedAttention
 from omniwalk.engine.state_pool import StateBatch
-from omniwalk.layers.causal_conv import causal_conv1d_decode, ragged_causal_conv1d
-from omniwalk.layers.fused_ops import QKRotary
+from omniwalk.kernels.causal_conv import causal_conv1d_decode, ragged_causal_conv1d
+from omniwalk.kernels.norm_rotary import QKRotary
+from omniwalk.kernels.state_rows import StateRows
 from omniwalk.layers.gated_delta_rule import gated_delta_rule_decode, gated_delta_rule_varlen
 from omniwalk.layers.mlp import GatedMLP
 from omniwalk.layers.norm import GatedRMSNorm, ZeroCenteredRMSNorm
 from omniwalk.layers.rotary import RotaryEmbedding
-from omniwalk.layers.state_rows import StateRows
 from omniwalk.models.qwen3_5.config import LINEAR_ATTENTION, Qwen3_5Config
 
 

@@ -1,16 +1,16 @@
-"""Fused elementwise ops for the GPU decode path, with the torch reference beside each.
+"""Rotary embeddings with the optional per-head QK-norm before them, as one Triton kernel on
+CUDA, with the torch reference beside it.
 
-A decode step of a small model is dominated by kernel count, not FLOPs: unfused, one
-RMSNorm is six kernels and one rotary ten. Each op here is one Triton kernel on CUDA
-and plain torch elsewhere, and both round exactly where transformers rounds in bf16
-(normalize in fp32, cast, then scale; rotate in the activation dtype), so the GPU path
-stays bit-close to the reference and the CPU path is the reference.
+Unfused, one rotary is ten kernels (and a QK-norm six more). Both paths round where
+transformers rounds in bf16 (normalize in fp32, cast, then scale; rotate in the
+activation dtype), so the GPU path stays bit-close to the reference and the CPU path is
+the reference (`rms_norm_reference`, then `rotary_reference`).
+
+`norm_rotary_into_cache` also writes the keys and values into the paged KV cache, in the
+same kernel on CUDA (`PagedAttention.forward(..., rotary=QKRotary)`).
 
 CI runs the kernels in Triton's interpreter against the torch versions
-(tests/layers/test_fused_ops.py).
-
-`quantize=True` (the norms, SiLU-mul): the op's output goes on to an FP8 projection, so the
-kernel quantizes its rows as `fp8_linear.quantize_rows` does and returns `Fp8Rows`.
+(tests/kernels/test_norm_rotary.py).
 """
 
 from __future__ import annotations
@@ -18,32 +18,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
-from omniwalk.layers.fp8_linear import FP8_DTYPE, FP8_MAX, MIN_SCALE, Fp8Rows
+from omniwalk.kernels.rms_norm import rms_norm_reference
+from omniwalk.kernels.triton_support import triton, use_triton
 
-try:
-    import triton
+if triton is not None:
     import triton.language as tl
 
-    from omniwalk.layers.fp8_linear import quantize_block
-except ImportError:   # CPU-only installs: the torch paths below need no Triton
-    triton = None
+    from omniwalk.kernels.rms_norm import scale_normed
 
 
-def use_triton(x: torch.Tensor) -> bool:
-    return triton is not None and x.is_cuda
-
-
-# ----------------------------------------------------------------------------- references
-
-def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: bool = False) -> torch.Tensor:
-    normed = x.float()
-    normed = normed * torch.rsqrt(normed.pow(2).mean(-1, keepdim=True) + eps)
-    if zero_centered:   # scale by 1 + weight in fp32, cast last (Qwen3.5, Gemma)
-        return (normed * (1.0 + weight.float())).to(x.dtype)
-    return weight * normed.to(x.dtype)
-
+# ----------------------------------------------------------------------------- reference
 
 def rotary_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     # x: [num_tokens, num_heads, head_dim]; cos, sin: [num_tokens, rotary_dim] fp32
@@ -57,63 +42,6 @@ def rotary_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> t
 
 
 # ----------------------------------------------------------------------------- public ops
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: bool = False,
-             quantize: bool = False) -> torch.Tensor | Fp8Rows:
-    """RMSNorm over the last dim (any leading shape); `zero_centered`: scale by 1 + weight."""
-    if not use_triton(x):
-        normed = rms_norm_reference(x, weight, eps, zero_centered)
-        return Fp8Rows.of(normed) if quantize else normed
-    return _launch_norm(x, None, weight, eps, zero_centered, quantize)[0]
-
-
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                 zero_centered: bool = False, quantize: bool = False):
-    """(norm(x + residual), x + residual): the residual add fused into the next norm."""
-    if not use_triton(x):
-        summed = x + residual
-        normed = rms_norm_reference(summed, weight, eps, zero_centered)
-        return (Fp8Rows.of(normed) if quantize else normed), summed
-    return _launch_norm(x, residual, weight, eps, zero_centered, quantize)
-
-
-def silu_and_mul(gate: torch.Tensor, up: torch.Tensor, quantize: bool = False) -> torch.Tensor | Fp8Rows:
-    if not use_triton(gate):
-        out = F.silu(gate) * up
-        return Fp8Rows.of(out) if quantize else out
-    gate2, up2 = gate.reshape(-1, gate.shape[-1]), up.reshape(-1, up.shape[-1])
-    rows, width = gate2.shape
-    if quantize:   # the row's scale needs all of it: one program per row
-        out = torch.empty((rows, width), dtype=FP8_DTYPE, device=gate.device)
-        scale = torch.empty((rows, 1), dtype=torch.float32, device=gate.device)
-        block = triton.next_power_of_2(width)
-        _silu_mul_kernel[(rows, 1)](gate2, up2, out, gate2.stride(0), up2.stride(0), width, scale,
-                                    FP8_MAX, 1.0 / FP8_MAX, MIN_SCALE, BLOCK=block, QUANTIZE=True,
-                                    num_warps=max(4, min(16, block // 512)))
-        return Fp8Rows(out, scale, gate.dtype)
-    out = torch.empty_like(gate)
-    out2 = out.view(-1, gate.shape[-1])
-    block = min(4096, triton.next_power_of_2(width))
-    _silu_mul_kernel[(rows, triton.cdiv(width, block))](
-        gate2, up2, out2, gate2.stride(0), up2.stride(0), width, out2, 0.0, 0.0, 0.0, BLOCK=block, QUANTIZE=False)
-    return out
-
-
-def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """`rms_norm(x) * silu(gate)` per head, x and gate [tokens, heads, dim] (Gated DeltaNet's
-    output norm), with
-    transformers' casts: the norm as `rms_norm`, the gate and product in fp32, cast last."""
-    if not use_triton(x):
-        return (rms_norm_reference(x, weight, eps) * F.silu(gate.float())).to(x.dtype)
-    # x, gate: [tokens, heads, dim]; the gate may be a strided view of a packed projection
-    tokens, heads, width = x.shape
-    x = x.contiguous()
-    out = torch.empty_like(x)
-    _gated_rms_norm_kernel[(tokens * heads,)](
-        x, gate, weight, out, heads, gate.stride(0), gate.stride(1), eps, width,
-        BLOCK=triton.next_power_of_2(width))
-    return out
-
 
 def norm_rotary(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
                 cos: torch.Tensor, sin: torch.Tensor, zero_centered: bool = False) -> torch.Tensor:
@@ -189,91 +117,9 @@ def norm_rotary_into_cache(query: torch.Tensor, key: torch.Tensor, value: torch.
     return out
 
 
-def _launch_norm(x, residual, weight, eps, zero_centered=False, quantize=False):
-    shape = x.shape
-    x2 = x.reshape(-1, shape[-1])
-    rows, width = x2.shape
-    out = torch.empty_like(x2) if not quantize else torch.empty((rows, width), dtype=FP8_DTYPE, device=x.device)
-    scale = torch.empty((rows, 1), dtype=torch.float32, device=x.device) if quantize else out
-    residual_out = torch.empty_like(x2) if residual is not None else x2
-    residual2 = residual.reshape(-1, shape[-1]) if residual is not None else x2
-    _add_rms_norm_kernel[(rows,)](
-        x2, residual2, weight, out, residual_out, scale,
-        x2.stride(0), residual2.stride(0), eps, width, FP8_MAX, 1.0 / FP8_MAX, MIN_SCALE,
-        HAS_RESIDUAL=residual is not None, ZERO_CENTERED=zero_centered, QUANTIZE=quantize,
-        BLOCK=triton.next_power_of_2(width),
-    )
-    normed = Fp8Rows(out, scale, x.dtype) if quantize else out.view(shape)
-    return normed, (residual_out.view(shape) if residual is not None else None)
-
-
 # ----------------------------------------------------------------------------- kernels
 
 if triton is not None:
-
-    @triton.jit
-    def _scale_normed(normed, w, dtype: tl.constexpr, ZERO_CENTERED: tl.constexpr):
-        """The weight step of an RMSNorm, rounded where transformers rounds (normed, w: fp32)."""
-        if ZERO_CENTERED:
-            return (normed * (1.0 + w)).to(dtype)
-        return (w * normed.to(dtype).to(tl.float32)).to(dtype)
-
-    @triton.jit
-    def _add_rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr, scale_ptr,
-                             stride_x, stride_residual, eps, width, fp8_max, inverse_fp8_max, min_scale,
-                             HAS_RESIDUAL: tl.constexpr, ZERO_CENTERED: tl.constexpr, QUANTIZE: tl.constexpr,
-                             BLOCK: tl.constexpr):
-        row = tl.program_id(0).to(tl.int64)
-        cols = tl.arange(0, BLOCK)
-        mask = cols < width
-        x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
-        if HAS_RESIDUAL:
-            r = tl.load(residual_ptr + row * stride_residual + cols, mask=mask, other=0.0)
-            x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)   # rounded like a torch add
-            tl.store(residual_out_ptr + row * width + cols, x, mask=mask)
-        xf = x.to(tl.float32)
-        inv = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / width + eps)
-        w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        normed = _scale_normed(xf * inv, w, x.dtype, ZERO_CENTERED)
-        if QUANTIZE:   # quantize_rows of the normed row, as if it had gone through memory
-            quantized, scale = quantize_block(normed.to(tl.float32), fp8_max, inverse_fp8_max, min_scale)
-            tl.store(out_ptr + row * width + cols, quantized, mask=mask)
-            tl.store(scale_ptr + row, scale)
-        else:
-            tl.store(out_ptr + row * width + cols, normed, mask=mask)
-
-    @triton.jit
-    def _gated_rms_norm_kernel(x_ptr, gate_ptr, weight_ptr, out_ptr, heads, stride_gate_token, stride_gate_head,
-                               eps, width, BLOCK: tl.constexpr):
-        row = tl.program_id(0)   # token * heads + head
-        cols = tl.arange(0, BLOCK)
-        mask = cols < width
-        x = tl.load(x_ptr + row * width + cols, mask=mask, other=0.0)
-        xf = x.to(tl.float32)
-        inv = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / width + eps)
-        w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        normed = _scale_normed(xf * inv, w, x.dtype, False).to(tl.float32)
-        gate_row = gate_ptr + (row // heads) * stride_gate_token + (row % heads) * stride_gate_head
-        g = tl.load(gate_row + cols, mask=mask, other=0.0).to(tl.float32)
-        tl.store(out_ptr + row * width + cols, (normed * (g / (1.0 + tl.exp(-g)))).to(x.dtype), mask=mask)
-
-    @triton.jit
-    def _silu_mul_kernel(gate_ptr, up_ptr, out_ptr, stride_gate, stride_up, width,
-                         scale_ptr, fp8_max, inverse_fp8_max, min_scale, BLOCK: tl.constexpr, QUANTIZE: tl.constexpr):
-        row = tl.program_id(0).to(tl.int64)
-        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        mask = cols < width
-        g = tl.load(gate_ptr + row * stride_gate + cols, mask=mask, other=0.0)
-        u = tl.load(up_ptr + row * stride_up + cols, mask=mask, other=0.0)
-        gf = g.to(tl.float32)
-        silu = (gf / (1.0 + tl.exp(-gf))).to(g.dtype)
-        product = (silu.to(tl.float32) * u.to(tl.float32)).to(g.dtype)
-        if QUANTIZE:   # one program holds the whole row (BLOCK >= width)
-            quantized, scale = quantize_block(product.to(tl.float32), fp8_max, inverse_fp8_max, min_scale)
-            tl.store(out_ptr + row * width + cols, quantized, mask=mask)
-            tl.store(scale_ptr + row, scale)
-        else:
-            tl.store(out_ptr + row * width + cols, product, mask=mask)
 
     @triton.jit
     def _norm_rotate_head(src, dst, weight_ptr, cos_row, sin_row, eps,
@@ -289,7 +135,7 @@ if triton is not None:
             xf = x.to(tl.float32)
             inv = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / HEAD_DIM + eps)
             w = tl.load(weight_ptr + dims, mask=dim_mask, other=0.0).to(tl.float32)
-            x = _scale_normed(xf * inv, w, dtype, ZERO_CENTERED)
+            x = scale_normed(xf * inv, w, dtype, ZERO_CENTERED)
         tl.store(dst + dims, x, mask=dim_mask & (dims >= 2 * HALF))   # the part left unrotated
         half = tl.arange(0, BLOCK_HALF)
         half_mask = half < HALF
@@ -298,8 +144,8 @@ if triton is not None:
         if HAS_NORM:   # the same normalization, on the two rotated halves
             wa = tl.load(weight_ptr + half, mask=half_mask, other=0.0).to(tl.float32)
             wb = tl.load(weight_ptr + HALF + half, mask=half_mask, other=0.0).to(tl.float32)
-            xa = _scale_normed(xa.to(tl.float32) * inv, wa, dtype, ZERO_CENTERED)
-            xb = _scale_normed(xb.to(tl.float32) * inv, wb, dtype, ZERO_CENTERED)
+            xa = scale_normed(xa.to(tl.float32) * inv, wa, dtype, ZERO_CENTERED)
+            xb = scale_normed(xb.to(tl.float32) * inv, wb, dtype, ZERO_CENTERED)
         c = tl.load(cos_row + half, mask=half_mask, other=0.0).to(dtype).to(tl.float32)
         s = tl.load(sin_row + half, mask=half_mask, other=0.0).to(dtype).to(tl.float32)
         xa = xa.to(tl.float32)

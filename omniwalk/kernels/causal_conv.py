@@ -19,8 +19,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from omniwalk.layers.fused_ops import triton, use_triton
-from omniwalk.layers.state_rows import StateRows
+from omniwalk.kernels.state_rows import StateRows
+from omniwalk.kernels.triton_support import triton, use_triton
 
 if triton is not None:
     import triton.language as tl
@@ -50,7 +50,7 @@ def ragged_causal_conv1d(
     x: torch.Tensor,          # [tokens, channels]: the new inputs of a ragged batch
     weight: torch.Tensor,     # [channels, kernel_size]
     state: torch.Tensor,      # [sequences, channels, kernel_size - 1]: each sequence's inputs before its tokens
-    conv_gather: torch.Tensor,    # [tokens, kernel_size]: see `omniwalk.layers.ragged`
+    conv_gather: torch.Tensor,    # [tokens, kernel_size]: see `omniwalk.engine.ragged`
     conv_state: torch.Tensor,     # [sequences, kernel_size - 1]
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`causal_conv1d` + SiLU of every sequence of a ragged batch at once (decode rows and

@@ -10,9 +10,12 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
+from omniwalk.engine.ragged import RaggedLengths  # noqa: E402
+from omniwalk.kernels.gated_delta_rule import (  # noqa: E402
+    fused_recurrent_gated_delta_rule, gdn_gates, recurrent_gated_delta_rule,
+)
+from omniwalk.kernels.state_rows import StateRows  # noqa: E402
 from omniwalk.layers import gated_delta_rule as gdr  # noqa: E402
-from omniwalk.layers.gated_delta_rule_triton import fused_recurrent_gated_delta_rule  # noqa: E402
-from omniwalk.layers.state_rows import StateRows  # noqa: E402
 
 KEY_HEADS, VALUE_HEADS, KEY_DIM, VALUE_DIM = 2, 4, 16, 12   # value_dim not a multiple of the block
 
@@ -37,12 +40,12 @@ def pool_rows(sequences: int, seed: int = 1) -> StateRows:
 
 
 def reference(q, k, v, a, b, A_log, dt_bias, state, lengths):
-    g, beta = gdr.gdn_gates(a, b, A_log, dt_bias)
+    g, beta = gdn_gates(a, b, A_log, dt_bias)
     outs, finals, start = [], [], 0
     for i, length in enumerate(lengths):
         span = slice(start, start + length)
-        out, final = gdr.recurrent_gated_delta_rule(q[None, span], k[None, span], v[None, span], g[None, span],
-                                                    beta[None, span], state[i, None])
+        out, final = recurrent_gated_delta_rule(q[None, span], k[None, span], v[None, span], g[None, span],
+                                                beta[None, span], state[i, None])
         outs.append(out[0])
         finals.append(final[0])
         start += length
@@ -84,7 +87,7 @@ def test_public_functions_route_through_the_kernel_and_agree_with_the_torch_path
         monkeypatch.setattr(gdr, "use_triton", lambda x, kernel=kernel: kernel)
         q, k, v, a, b, A_log, dt_bias = inputs(sum(lengths), torch.float32, seed=4)
         rows = pool_rows(len(lengths), seed=5)
-        out = gdr.gated_delta_rule_varlen(q, k, v, a, b, A_log, dt_bias, rows, gdr.RaggedLengths(lengths, "cpu"))
+        out = gdr.gated_delta_rule_varlen(q, k, v, a, b, A_log, dt_bias, rows, RaggedLengths(lengths, "cpu"))
         decode_rows = StateRows(rows.pool, rows.write, rows.read)   # the next step: the written rows are read
         step = gdr.gated_delta_rule_decode(*(x[:3] for x in (q, k, v, a, b)), A_log, dt_bias, decode_rows)
         results.append((out, step, rows.pool))
