@@ -47,7 +47,7 @@ def paged_attention(
     num_sequences = query_start.shape[0] - 1
     grid = (num_kv_heads, triton.cdiv(max_query_len, block_m), num_sequences)
     # decode: 2 warps do (a program has one query row per head of its group); see
-    # benchmarks/scripts/attention_decode.py
+    # a probe at 78d31df: benchmarks/scripts/attention_decode.py; docs/benchmarks.md
     launch = dict(num_warps=2, num_stages=3) if max_query_len == 1 else {}
     _paged_attention_kernel[grid](
         query, key_cache, value_cache, out,

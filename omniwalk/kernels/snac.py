@@ -154,7 +154,7 @@ def pointwise_conv(y: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     out = torch.empty(batch, channels_out, length, dtype=y.dtype, device=y.device)
     # tl.dot wants powers of two of at least 16 on each side
     block_o = max(16, min(32, triton.next_power_of_2(channels_out)))   # 32 x 128 x 32: fastest at
-    # every snac_24khz block shape (benchmarks/scripts/pointwise_conv_sweep.py)
+    # every snac_24khz block shape (a sweep at 78d31df: benchmarks/scripts/pointwise_conv_sweep.py; docs/benchmarks.md)
     block_i = max(16, min(32, triton.next_power_of_2(channels_in)))
     block_t = 128
     grid = (triton.cdiv(length, block_t), triton.cdiv(channels_out, block_o), batch)

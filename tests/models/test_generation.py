@@ -15,7 +15,6 @@ import transformers
 
 from omniwalk import Engine, EngineArgs, GenerationRequest, SamplingParams
 from omniwalk.engine.causal_lm_executor import CausalLMExecutor
-from omniwalk.loading import load_model
 from omniwalk.tokenizer import encode
 
 TOKENIZER_DIR = Path(__file__).parents[2] / "omniwalk" / "models" / "assets" / "tiny-tokenizer"

@@ -209,7 +209,7 @@ class UpsampleBlock(nn.Module):
 
         cuDNN's algorithm for SNAC's first upsampling (1024 -> 512 channels, 16 steps a
         window) took ~1 ms per 64 windows on the H200, this ~0.17 ms; for the longer inputs
-        of the later blocks cuDNN is faster (benchmarks/scripts/snac_upsample.py)."""
+        of the later blocks cuDNN is faster (a probe at 78d31df: benchmarks/scripts/snac_upsample.py)."""
         batch, channels_in, length = x.shape
         rate, padding = conv.stride[0], conv.padding[0]
         key = (conv.weight.data_ptr(), conv.weight._version)
