@@ -119,7 +119,14 @@ LogitsMask = Callable[[torch.Tensor, list[NodeCall], list[list[int]]], None]
 
 
 class CausalLMExecutor(NodeExecutor):
-    """Node `inputs=("tokens",)`, `outputs=("token", "logprobs")` over a paged KV cache."""
+    """Node `inputs=("tokens",)`, `outputs=("token", "logprobs")` over a paged KV cache.
+
+    A decoder with more per-stream state subclasses it through hooks that cost the text
+    models nothing per row: `_eager_inputs` and `_row_slots` (the model's inputs beyond
+    ids, positions and attention: a hybrid model's state rows, Whisper's cross-attention
+    slot, bound into eager passes and into the decode graphs), `_commit_states` (the step
+    succeeded), `_record_samples` (a call's outputs from its sample; a phase change that
+    restarts the sequence), and a `LogitsMask` for what may be sampled."""
 
     chunkable = True
 
@@ -218,23 +225,20 @@ class CausalLMExecutor(NodeExecutor):
             sequence.num_computed = before + call.num_tokens
             if sequence.num_computed // size > before // size:   # a page filled (a decode row: 1 step in 16)
                 self.cache.register_full_pages(call.stream.handle, sequence.token_ids, sequence.num_computed)
-        results: list[dict | None] = [None] * len(calls)
         # a step launched early already set these tokens in the repetition penalty's mask
         # (`SeenTokens.mark`): queueing them again would write the same bits
         seen_tokens = self.seen_tokens if early is None else None
-        for index, (token, logprobs) in zip(next_rows, sampled):
-            sequence = sequences[index]
-            sequence.output_ids.append(token)
-            if sequence.history is not None:
-                sequence.history.append(token)
-                if seen_tokens is not None:
-                    seen_tokens.append(calls[index].stream.handle, token)
-            results[index] = {"token": token, "logprobs": logprobs}
+        results, ended = self._record_samples(calls, sequences, next_rows, sampled, seen_tokens)
         if early is not None:
             early.input_tokens = [token for token, _ in sampled]
             self.lookahead = early
             return results
 
+        if ended:   # no look-ahead step for the calls whose sample ended their sequence
+            keep = [k for k, index in enumerate(next_rows) if index not in ended]
+            next_rows, sampled = [next_rows[k] for k in keep], [sampled[k] for k in keep]
+            if keep:
+                device_tokens = device_tokens.index_select(0, to_device(keep, torch.long, device_tokens.device))
         rows, row_sequences = [calls[i] for i in next_rows], [sequences[i] for i in next_rows]
         extra_pages = self._lookahead_pages(rows, row_sequences) if self.decode_graphs is not None and rows else None
         if extra_pages is not None:
@@ -284,6 +288,28 @@ class CausalLMExecutor(NodeExecutor):
                 len(decode), max(len(self.cache.page_tables[calls[i].stream.handle]) for i in decode)):
             return []
         return decode
+
+    def _record_samples(self, calls: list[NodeCall], sequences: list[SequenceState], rows: list[int],
+                        sampled: list[tuple[int, "TokenLogprobs | None"]], seen_tokens: SeenTokens | None):
+        """Each call's outputs (None: its call goes on), once the step is committed: the
+        calls `rows` sampled `sampled` ((token, logprobs), in order), which their sequences
+        take. Also returns the calls whose sample ends their sequence (none here): no
+        look-ahead step is launched for them.
+
+        Hook: a subclass may add outputs, or end a call without any and restart its
+        sequence from a new prompt (a phase change: Whisper's window boundary; see
+        `omniwalk.models.whisper.executors`). It changes nothing on the device here: the
+        new sequence's KV pages come through `can_reserve` / `reserve` in a later step."""
+        results: list[dict | None] = [None] * len(calls)
+        for index, (token, logprobs) in zip(rows, sampled):
+            sequence = sequences[index]
+            sequence.output_ids.append(token)
+            if sequence.history is not None:
+                sequence.history.append(token)
+                if seen_tokens is not None:
+                    seen_tokens.append(calls[index].stream.handle, token)
+            results[index] = {"token": token, "logprobs": logprobs}
+        return results, ()
 
     def _commit_states(self, handles: list[int]) -> None:
         """Hook: the step computed these streams' tokens and succeeded (hybrid models:

@@ -186,6 +186,12 @@ class PagedKVCache:
         if extra:
             table.extend(self.allocator.allocate(extra))
 
+    def can_reserve_anew(self, handle: int, num_tokens: int) -> bool:
+        """Whether `handle` could hold `num_tokens` tokens from position 0 once `free(handle)`
+        gave its pages back (the check for `free`, then `reserve`: a sequence started over)."""
+        returned = sum(1 for page in self.page_tables.get(handle, ()) if self.page_refs.get(page, 0) <= 1)
+        return -(-num_tokens // self.page_size) <= self.allocator.num_free + returned
+
     def free(self, handle: int) -> None:
         pages = self.page_tables.pop(handle, None)
         self.page_keys.pop(handle, None)

@@ -50,14 +50,31 @@ _NEUTRAL = {"temperature": 1.0, "top_k_active": 0.0, "top_p": 1.0, "top_p_active
 class CandidateTable:
     """A model's sampling columns (`LogitsMask.candidate_table`): row r of `ids` [K, C] is
     a set of vocabulary ids a step may sample from, `allowed` [K, C] which of them it may
-    pick now; logits column j scores id `first + j`."""
+    pick now; logits column j scores id `first + j`.
 
-    ids: torch.Tensor
+    `ids` None: every logits column is a candidate (`allowed` [K, columns] masks the
+    logits in place of a gather; Whisper's suppressed tokens): the logits must score the
+    whole vocabulary (`first` 0)."""
+
+    ids: torch.Tensor | None
     allowed: torch.Tensor
     first: int = 0
 
-    def columns_of(self, logits: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(logits of each row's candidates, disallowed ones at -inf; their ids), [B, C] each."""
+    @property
+    def columns(self) -> int:
+        """The columns a row samples from."""
+        return self.allowed.shape[1]
+
+    @property
+    def key(self) -> int:
+        """What tells this table's tensors apart (a sampling graph reads them where they are)."""
+        return (self.ids if self.ids is not None else self.allowed).data_ptr()
+
+    def columns_of(self, logits: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(logits of each row's candidates, disallowed ones at -inf; their ids, None if
+        they are the logits' own columns), [B, C] each."""
+        if self.ids is None:
+            return logits.masked_fill(~self.allowed.index_select(0, rows), float("-inf")), None
         ids = self.ids.index_select(0, rows)
         picked = logits.gather(1, ids - self.first if self.first else ids)
         return picked.masked_fill_(~self.allowed.index_select(0, rows), float("-inf")), ids
@@ -97,7 +114,7 @@ class SamplingGraphs:
         n, columns = logits.shape
         bucket = self.decode_graphs.bucket_for(n)
         self.steps_sampled += 1
-        sampled_columns = table.ids.shape[1] if table is not None else columns
+        sampled_columns = table.columns if table is not None else columns
         plan = settings.plan(sampled_columns)
         index = self._next_host_rows
         self._next_host_rows ^= 1
@@ -125,7 +142,7 @@ class SamplingGraphs:
             return self._sample(n, plan, logits, table, seen)
         if logits.data_ptr() != self.decode_graphs.graphs[bucket][1].data_ptr():
             raise ValueError("sampling graphs read a decode graph's output: these logits are not one")
-        key = (plan, columns, table.ids.data_ptr() if table is not None else None,
+        key = (plan, columns, table.key if table is not None else None,
                seen.data_ptr() if plan.repetition else None)
         if key not in self.graphs:
             self.graphs[key] = self._capture(plan, table, seen)

@@ -158,8 +158,13 @@ def test_whisper_greedy_ids_cuda_equal_cpu():
                 for clip in clips]
 
     def listen_with_graphs(engine):
-        assert engine.model.executors["decoder"].decode_graphs is not None
-        return listen(engine)
+        decoder = engine.model.executors["decoder"]
+        assert decoder.decode_graphs is not None
+        ids = listen(engine)
+        # the shared decoder executor's look-ahead step and sampling graphs took decode steps
+        assert decoder.lookahead_used > 0 and decoder.sampling_graphs.steps_sampled > 0
+        assert decoder.sampling_graphs.graphs and all(decoder.sampling_graphs.graphs.values())
+        return ids
 
     assert run_on("cuda", "tiny-whisper", listen_with_graphs) == run_on("cpu", "tiny-whisper", listen)
     assert run_on("cuda", "tiny-whisper", listen, enforce_eager=True) == run_on("cpu", "tiny-whisper", listen)

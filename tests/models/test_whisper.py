@@ -383,6 +383,42 @@ def test_decode_graph_path_equals_eager_path(monkeypatch):
     assert outputs[True] == outputs[False]
     assert sum(len(ids) for ids in outputs[True]) > 100
     assert len(replays) > 20 and max(replays) > 1       # batched decode steps went through the graphs
+    # the shared executor's look-ahead step and sampling graphs (eager here) took decode steps
+    assert decoder.lookahead_used > 0 and decoder.sampling_graphs.steps_sampled > 0
+
+
+def test_phase_changes_take_pages_through_check_act(eos_engine, monkeypatch):
+    """Language detection and a window's EOS restart the decoder's sequence: its pages go
+    back and the new prompt's come out of the runtime's `can_reserve` / `reserve`, never
+    from inside `run` (on a CPU engine no look-ahead step reserves either)."""
+    from omniwalk.models.whisper.executors import TranscriptState
+
+    engine, _, _ = eos_engine
+    decoder = engine.model.executors["decoder"]
+    cache = decoder.cache
+    running, inside_run, restarts = [False], [], []
+    run, restart = decoder.run, TranscriptState.restart
+
+    def spy_run(calls):
+        running[0] = True
+        try:
+            return run(calls)
+        finally:
+            running[0] = False
+
+    for name in ("free", "reserve"):
+        def spy(*args, _original=getattr(cache, name), _name=name):
+            if running[0]:
+                inside_run.append(_name)
+            return _original(*args)
+        monkeypatch.setattr(cache, name, spy)
+    monkeypatch.setattr(decoder, "run", spy_run)
+    monkeypatch.setattr(TranscriptState, "restart", lambda state, ids: restarts.append(ids) or restart(state, ids))
+    audio = np.concatenate([clip("noise", 30, seed=3), clip("chirp", 30, seed=1), clip("sine", 5, seed=2)])
+    result = transcribe(engine, TranscriptionRequest(audio))       # the language detected, then 3 windows
+    assert result.usage.windows == 3 and result.language is not None
+    assert len(restarts) == 3 and not inside_run
+    assert cache.allocator.num_free == cache.allocator.num_pages
 
 
 def test_startup_warmup_transcribes_noise_and_changes_no_output(checkpoint, record_batch_sizes):

@@ -166,6 +166,12 @@ class WhisperForConditionalGeneration(nn.Module):
     def decoder(self) -> WhisperDecoder:
         return self.model.decoder
 
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: PagedAttention,
+                cross: CrossAttention) -> torch.Tensor:
+        """The decoder alone, as the decoder executor calls its model (the encoder is a node
+        of its own): hidden [num_tokens, d]."""
+        return self.decoder(input_ids, positions, attention, cross)
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [rows, d] -> [rows, vocab] float32
         weight = self.model.decoder.embed_tokens.weight if self.config.tie_word_embeddings else self.proj_out.weight
