@@ -135,14 +135,18 @@ def test_preemption_under_a_tiny_kv_cache_keeps_outputs(engine):
 def test_cancel_mid_decode_frees_every_page(engine):
     allocator = engine.model.cache.allocator
     free_before = allocator.num_free
-    streams = [engine.stream(f"cancel me {i}", **greedy(500, ignore_eos=True)) for i in range(4)]
+    budget = 500
+    streams = [engine.stream(f"cancel me {i}", **greedy(budget, ignore_eos=True)) for i in range(4)]
     iterator = iter(streams[0])
-    next(iterator), next(iterator)       # it is decoding now
+    first = [next(iterator), next(iterator)]       # it is decoding now
     assert allocator.num_free < free_before
     for stream in streams:
         stream.abort()
-    finals = [list(stream)[-1] if not stream.finished else None for stream in streams]
-    assert all(f is None or f.finish_reason == "abort" for f in finals)
+    # every stream was cut short: its final chunk says abort, and it got fewer than its budget
+    for chunks in [first + list(iterator)] + [list(stream) for stream in streams[1:]]:
+        final, received = chunks[-1], sum(len(chunk.token_ids) for chunk in chunks)
+        assert final.finished and final.finish_reason == "abort"
+        assert received == final.usage.output_tokens < budget
     deadline = time.monotonic() + 10
     while (engine.num_in_flight or engine.runtime.running) and time.monotonic() < deadline:
         time.sleep(0.01)

@@ -448,14 +448,18 @@ def test_cancel_mid_decode_frees_slots_and_pages(engine):
     allocator, pool = engine.model.cache.allocator, state_pool(engine)
     pages_before, slots_before = allocator.num_free, pool.num_free
     assert slots_before == pool.num_slots
-    streams = [engine.stream(f"cancel me {i}", **greedy(400, ignore_eos=True)) for i in range(4)]
+    budget = 400
+    streams = [engine.stream(f"cancel me {i}", **greedy(budget, ignore_eos=True)) for i in range(4)]
     iterator = iter(streams[0])
-    next(iterator), next(iterator)       # it is decoding now
+    first = [next(iterator), next(iterator)]       # it is decoding now
     assert allocator.num_free < pages_before and pool.num_free < slots_before
     for stream in streams:
         stream.abort()
-    finals = [list(stream)[-1] if not stream.finished else None for stream in streams]
-    assert all(f is None or f.finish_reason == "abort" for f in finals)
+    # every stream was cut short: its final chunk says abort, and it got fewer than its budget
+    for chunks in [first + list(iterator)] + [list(stream) for stream in streams[1:]]:
+        final, received = chunks[-1], sum(len(chunk.token_ids) for chunk in chunks)
+        assert final.finished and final.finish_reason == "abort"
+        assert received == final.usage.output_tokens < budget
     deadline = time.monotonic() + 10
     while (engine.num_in_flight or engine.runtime.running) and time.monotonic() < deadline:
         time.sleep(0.01)

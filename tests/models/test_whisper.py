@@ -276,15 +276,22 @@ def test_cancel_frees_pages_and_cross_attention_slots():
         model = engine.model
         audio = clip("noise", 70)
         streams = [engine.submit(TranscriptionRequest(audio, language="en")) for _ in range(6)]
-        next(iter(streams[0]))                    # it is decoding now; wait for the other three
+        iterator = iter(streams[0])
+        first = [next(iterator)]                  # it is decoding now; wait for the other three
         deadline = time.monotonic() + 10
         while model.cross.num_free and time.monotonic() < deadline:
             time.sleep(0.01)
         assert model.cross.num_free == 0 and model.cache.allocator.num_free < model.cache.allocator.num_pages
         for stream in streams:
             stream.abort()
-        finals = [list(stream)[-1] if not stream.finished else None for stream in streams]
-        assert all(f is None or f.finish_reason == "abort" for f in finals)
+        # every stream was cut short: its final chunk says abort, and it got fewer tokens than
+        # its budget (no max_output_tokens: every window's decoder context)
+        prompt = model.generation.forced_prompt("en", "transcribe")
+        budget_per_window = model.config.max_target_positions - len(prompt)
+        for chunks in [first + list(iterator)] + [list(stream) for stream in streams[1:]]:
+            final, received = chunks[-1], sum(len(chunk.token_ids) for chunk in chunks)
+            assert final.finished and final.finish_reason == "abort"
+            assert received == final.usage.output_tokens < final.usage.windows * budget_per_window
         deadline = time.monotonic() + 10
         while (engine.num_in_flight or engine.runtime.running) and time.monotonic() < deadline:
             time.sleep(0.01)
