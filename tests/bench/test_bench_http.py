@@ -8,6 +8,7 @@ import itertools
 import json
 
 import httpx
+import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
@@ -29,6 +30,7 @@ def expected_workload(num, input_len, output_len, seed):
                               seed, MEASURED)
 
 
+@pytest.mark.slow
 def test_real_server_counts_exactly(tiny_server, metric, tmp_path, capsys):
     generated_before = metric(tiny_server, "omniwalk_generation_tokens_total")
     code, report = bench(tmp_path, "--url", tiny_server + "/v1", "--concurrency", "1,4", "--input-len", "8:24",

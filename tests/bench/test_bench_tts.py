@@ -34,6 +34,7 @@ def expected(num: int, output_len: str, seed: int, stream: int = MEASURED) -> tu
             sum(samples_received(r.max_output_tokens // 7, TINY_FRAME) for r in requests))
 
 
+@pytest.mark.slow
 def test_real_server_counts_exactly(orpheus_server, metric, tmp_path, capsys):
     codes_before = metric(orpheus_server, "omniwalk_generation_tokens_total")
     code, report = bench(tmp_path, "--url", orpheus_server + "/v1", "--concurrency", "1,4", "--output-len", "5:80",

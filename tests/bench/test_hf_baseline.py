@@ -48,6 +48,7 @@ def test_batches_have_one_shape():
     assert len(make_batches(requests, 2, max_batches=2)) == 2
 
 
+@pytest.mark.slow
 def test_both_modes_generate_what_they_report(hf_folder):
     requests = workload(hf_folder, 3, "4:8", "2:4")
     baseline = HFBaseline(HFBaselineConfig(str(hf_folder), device="cpu", compile_backend="eager"))
@@ -67,6 +68,7 @@ def test_both_modes_generate_what_they_report(hf_folder):
     assert compiled["compiled_graphs"] >= 1 and compiled["graphs_compiled_while_timed"] == 0
 
 
+@pytest.mark.slow
 def test_dummy_weights_from_config_only(tmp_path, hf_folder):
     folder = tmp_path / "config-only"
     folder.mkdir()
@@ -82,6 +84,7 @@ def test_dummy_weights_from_config_only(tmp_path, hf_folder):
     assert result["modes"]["eager"]["tokens_generated"] == 6
 
 
+@pytest.mark.slow
 def test_cli_runs_engine_and_baseline_on_one_folder(hf_folder, tmp_path):
     path = tmp_path / "bench.json"
     code = main(["bench", "--model", str(hf_folder), "--device", "cpu", "--concurrency", "2", "--input-len", "8",

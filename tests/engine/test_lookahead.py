@@ -43,6 +43,7 @@ def outputs(model: str, graphs: bool, batch: list[GenerationRequest]):
         return results, e.model.executors["backbone"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["tiny-qwen3", "tiny-qwen3_5"])
 def test_lookahead_outputs_equal_plain_decode(model):
     batch = requests(24, ignore_eos=True)
@@ -80,6 +81,7 @@ def test_decode_graph_writes_only_the_rows_beside_the_committed_states():
         assert pool.rows(100) == rows[0] and pool.rows(101) == rows[1][::-1]
 
 
+@pytest.mark.slow
 def test_lookahead_with_state_slots_handed_on():
     """Two slots, four requests: streams stop while their next step is already computed,
     and waiting ones take over their state slots."""
@@ -93,6 +95,7 @@ def test_lookahead_with_state_slots_handed_on():
     assert executor.lookahead_used > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["tiny-qwen3", "tiny-qwen3_5"])
 def test_lookahead_drops_steps_past_a_stop(model):
     free, _ = outputs(model, False, requests(30, ignore_eos=True))
@@ -105,7 +108,8 @@ def test_lookahead_drops_steps_past_a_stop(model):
     assert executor.lookahead_used > 0
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 64])
+@pytest.mark.parametrize("n", [1, pytest.param(2, marks=pytest.mark.slow), 3,
+                               pytest.param(64, marks=pytest.mark.slow)])
 def test_budget_contract_with_lookahead(n):
     with engine("tiny-qwen3_5", True) as e:
         results = e.generate([GenerationRequest(prompt=p, max_tokens=n, ignore_eos=True) for p in PROMPTS])
@@ -115,6 +119,7 @@ def test_budget_contract_with_lookahead(n):
         assert streamed == results[0].token_ids
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["tiny-qwen3", "tiny-qwen3_5"])
 def test_lookahead_samples_like_the_real_step(model):
     """Sampled rows look ahead too: seeded temperature/top-k/top-p sampling, penalties over
@@ -132,6 +137,7 @@ def test_lookahead_samples_like_the_real_step(model):
     assert executor.lookahead_used > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["tiny-qwen3", "tiny-qwen3_5"])
 def test_sampling_graphs_sample_like_the_sampler(model):
     """Decode-graph steps whose sampling a sampling graph takes (run eagerly on a CPU):
@@ -151,6 +157,7 @@ def test_sampling_graphs_sample_like_the_sampler(model):
         assert executor.lookahead_early >= 10
 
 
+@pytest.mark.slow
 def test_lookahead_with_a_logits_mask_speech():
     """Orpheus: the audio-code mask (frame position = codes so far mod 7) and its default
     sampling (temperature, top_p, repetition penalty) in the guessed step."""
@@ -170,6 +177,7 @@ def test_lookahead_with_a_logits_mask_speech():
     assert executor.lookahead_early > 0   # frame positions and the penalty's mask one step further
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["tiny-qwen3", "tiny-qwen3_5"])
 def test_prefill_chunks_beside_decode_rows_keep_the_lookahead(model):
     """A long prompt prefilled in 32-token chunks while three short requests decode: those
@@ -188,6 +196,7 @@ def test_prefill_chunks_beside_decode_rows_keep_the_lookahead(model):
     assert executor.lookahead_used >= 20 and executor.lookahead_dropped <= 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["tiny-qwen3", "tiny-qwen3_5"])
 def test_prefill_graphs_pad_ragged_batches_exactly(model):
     """Prompts joining a running batch at different steps, alone or several
@@ -209,6 +218,7 @@ def test_prefill_graphs_pad_ragged_batches_exactly(model):
     assert executor.prefill_graphs.replays >= 3
 
 
+@pytest.mark.slow
 def test_decode_graph_page_tables_follow_growth_reorder_and_reuse():
     """The decode graphs rewrite a row's page table only when it changed (a new page, a
     new row order, another sequence); every replay still sees each row's whole table."""

@@ -30,7 +30,7 @@ def test_pages_are_shared_refcounted_and_evicted_last_freed_first():
     assert not cache.cached_pages and cache.match_prefix(4, prompt) == 0
 
 
-@pytest.mark.parametrize("model", ["tiny-qwen3", "tiny-llama"])
+@pytest.mark.parametrize("model", ["tiny-qwen3", pytest.param("tiny-llama", marks=pytest.mark.slow)])
 def test_outputs_identical_with_prefix_caching_on_and_off(model):
     rng = random.Random(3)
     system = "You are a helpful assistant. Answer briefly and precisely. " * 3
@@ -53,6 +53,7 @@ def test_outputs_identical_with_prefix_caching_on_and_off(model):
     assert outputs[True] == outputs[False]
 
 
+@pytest.mark.slow
 def test_prefix_caching_under_preemption_keeps_outputs():
     prompts = [("shared words " * 6) + f"tail {i}" for i in range(6)]
     results = {}

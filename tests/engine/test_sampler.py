@@ -267,6 +267,7 @@ def _fmix32_ref(h: int) -> int:
     return h ^ (h >> 16)
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(
     seed=st.integers(min_value=-(2**70), max_value=2**70),

@@ -10,6 +10,7 @@ import pytest
 pytest.importorskip("triton")
 
 
+@pytest.mark.slow
 def test_kernels_compile_for_sm90():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = Path(__file__).resolve().parents[2]

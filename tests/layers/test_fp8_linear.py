@@ -61,7 +61,7 @@ def test_swap_takes_the_decoder_projections_and_nothing_else():
     assert type(lm.lm_head) is nn.Linear and torch.equal(lm.lm_head.weight, before)
 
 
-@pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen3"])
+@pytest.mark.parametrize("model", [pytest.param("tiny-llama", marks=pytest.mark.slow), "tiny-qwen3"])
 def test_an_fp8_engine_generates_close_to_the_unquantized_one(model):
     prompt = GenerationRequest(prompt="The quick brown fox", max_tokens=6,
                                sampling=SamplingParams(temperature=0.0, logprobs=0))

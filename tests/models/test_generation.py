@@ -21,7 +21,7 @@ TOKENIZER_DIR = Path(__file__).parents[2] / "omniwalk" / "models" / "assets" / "
 PROMPTS = ["The quick brown fox", "Once upon a time, in a land far away,", "1 2 3"]
 
 
-@pytest.fixture(scope="module", params=["tiny-qwen3", "tiny-llama"])
+@pytest.fixture(scope="module", params=["tiny-qwen3", pytest.param("tiny-llama", marks=pytest.mark.slow)])
 def engine(request):
     with Engine(EngineArgs(request.param, max_num_batched_tokens=64)) as engine:
         yield engine
@@ -93,6 +93,7 @@ def test_stop_token_ids_and_stop_strings(engine):
 
 # ---------------------------------------------------------------- batching
 
+@pytest.mark.slow
 def test_batch_of_16_equals_each_alone(engine):
     rng = random.Random(7)
     requests = []
@@ -291,7 +292,7 @@ def test_chunked_prefill_gives_identical_outputs():
     assert runs[8] == runs[4096]
 
 
-@pytest.mark.parametrize("model", ["tiny-qwen3", "tiny-qwen3_5"])
+@pytest.mark.parametrize("model", ["tiny-qwen3", pytest.param("tiny-qwen3_5", marks=pytest.mark.slow)])
 def test_startup_warmup_leaves_no_trace(record_batch_sizes, model):
     """The warm-up requests (on by default on CUDA) run before serving: afterwards nothing
     runs or waits, every KV page (and recurrent-state slot) is free again, the counters are

@@ -23,6 +23,10 @@ LOADERS = ["omniwalk.loading", "omniwalk.models.qwen3_5.loading", "omniwalk.mode
 for _module in LOADERS:
     importlib.import_module(_module)
 
+# slow: every family loaded twice, plain and with decode graphs (test_lookahead.py keeps the
+# graphs in a `-m "not slow"` run)
+pytestmark = pytest.mark.slow
+
 
 def run(model: str, graphs: bool, monkeypatch, work):
     if graphs:

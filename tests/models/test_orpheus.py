@@ -62,7 +62,7 @@ def random_codes(config: SnacConfig, rows: int, frames: int) -> list[torch.Tenso
 @pytest.mark.parametrize("config", [
     TINY_SNAC,
     replace(TINY_SNAC, noise=False, depthwise=False),
-    SNAC_24KHZ,
+    pytest.param(SNAC_24KHZ, marks=pytest.mark.slow),
 ], ids=["tiny", "tiny-plain", "snac_24khz"])
 def test_snac_decoder_matches_the_snac_package(config):
     reference = reference_snac(config)
@@ -80,7 +80,8 @@ def test_snac_decoder_matches_the_snac_package(config):
     assert expected.std().item() > 1e-3     # not a trivially silent comparison
 
 
-@pytest.mark.parametrize("config", [TINY_SNAC, replace(TINY_SNAC, decoder_rates=(3, 2, 2)), SNAC_24KHZ],
+@pytest.mark.parametrize("config", [TINY_SNAC, replace(TINY_SNAC, decoder_rates=(3, 2, 2)),
+                                    pytest.param(SNAC_24KHZ, marks=pytest.mark.slow)],
                          ids=["tiny", "tiny-odd-rate", "snac_24khz"])
 def test_a_part_of_a_window_decodes_alone_to_the_same_samples(config):
     """`keep`: only samples [a, b), from the least input that determines them. In float64
@@ -113,6 +114,7 @@ def test_a_part_of_a_window_decodes_alone_to_the_same_samples(config):
         assert (got - expected).abs().max().item() < 1e-4
 
 
+@pytest.mark.slow
 def test_snac_with_its_triton_kernels_matches_the_snac_package(monkeypatch):
     """The CUDA path's kernels (Snake, depthwise conv with and without a Snake after it,
     1x1 conv with the residual add or the noise or neither, short transposed convs as a
@@ -300,7 +302,7 @@ def assert_audio_codes(engine, token_ids: list[int]) -> None:
         tokens.code_of(token, index % CODES_PER_FRAME)    # raises if not a code of that position
 
 
-@pytest.mark.parametrize("n", [1, 7, 8, 28, 29, 200])
+@pytest.mark.parametrize("n", [1, 7, 8, 28, 29, pytest.param(200, marks=pytest.mark.slow)])
 def test_exactly_n_codes_and_the_documented_samples(engine, n):
     before = dict(engine.runtime.walk_counts)
     result = synthesize(engine, speech(n))
@@ -336,6 +338,7 @@ def test_partial_frames_add_no_audio(engine):
         assert b.pcm == a.pcm and b.usage.frames == a.usage.frames
 
 
+@pytest.mark.slow
 def test_32_concurrent_speech_requests(engine):
     budgets = [1 + (i * 13) % 90 for i in range(32)]
     walks, batches = engine.runtime.walk_counts["vocode"], engine.runtime.node_batches["snac_decoder"]
@@ -376,6 +379,7 @@ def test_finished_speech_requests_leave_no_garbage_cycles(engine):
         gc.enable()
 
 
+@pytest.mark.slow
 def test_startup_warmup_decodes_speech_and_changes_no_output(record_batch_sizes):
     """Orpheus' warm-up requests sample codes and decode SNAC windows before serving; the
     engine is then as clean as one that did not warm up: the same audio for a seeded request."""
@@ -472,6 +476,7 @@ def test_loads_a_local_checkpoint_and_snac_folder(tmp_path):
         assert len(result.pcm) // 2 == samples_received(5, samples_per_frame(snac_config))
 
 
+@pytest.mark.slow
 def test_sampling_over_the_next_codebook_equals_full_vocabulary_sampling():
     """The LM head scores only the ids Orpheus may sample (end_of_speech .. the last audio
     code), and the audio-code mask names its candidates (end_of_speech + the next frame
@@ -494,6 +499,7 @@ def test_sampling_over_the_next_codebook_equals_full_vocabulary_sampling():
     assert all(len(ids) > 0 for ids in outputs[True])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("max_windows", [64, 2])
 def test_snac_graph_path_gives_the_eager_samples(max_windows):
     """Full windows through `SnacGraphs` (eager on a CPU, from the same static buffers a

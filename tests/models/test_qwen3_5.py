@@ -290,6 +290,7 @@ def test_ragged_batch_of_chunks_and_decodes_matches_full_forward(hf_checkpoint):
     assert (torch.cat(got_b) - expected_b).abs().max() < TOL
 
 
+@pytest.mark.slow
 @torch.no_grad()
 def test_decode_steps_through_the_fused_kernels_match_full_forward(hf_checkpoint, monkeypatch):
     """The CUDA path's fused kernels, run here in Triton's interpreter (zero-centered
@@ -394,6 +395,7 @@ def test_builtin_tiny_model_is_deterministic():
 
 # ---------------------------------------------------------------- end to end
 
+@pytest.mark.slow
 def test_greedy_ids_and_logprobs_equal_hf_generate(hf_checkpoint, tokenizer, engine):
     folder, hf_model = hf_checkpoint
     requests = [GenerationRequest(prompt=p, max_tokens=64, sampling=SamplingParams(temperature=0.0, logprobs=1))
@@ -416,7 +418,7 @@ def test_greedy_ids_and_logprobs_equal_hf_generate(hf_checkpoint, tokenizer, eng
             assert torch.allclose(torch.tensor([lp.logprob for lp in got.logprobs]), chosen, atol=TOL)
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 64])
+@pytest.mark.parametrize("n", [1, 2, 3, pytest.param(64, marks=pytest.mark.slow)])
 def test_exactly_n_tokens_with_ignore_eos(engine, n):
     before = dict(engine.runtime.walk_counts)
     [result] = engine.generate(["Hello there"], **greedy(n, ignore_eos=True))
@@ -429,6 +431,7 @@ def test_exactly_n_tokens_with_ignore_eos(engine, n):
     assert decodes == (0 if n == 1 else 2)   # N = 1 ends at its prefill: no decode walk at all
 
 
+@pytest.mark.slow
 def test_batch_of_16_equals_each_alone(engine):
     rng = random.Random(7)
     requests = []
@@ -467,6 +470,7 @@ def test_cancel_mid_decode_frees_slots_and_pages(engine):
     assert not pool.slots and not engine.model.executors["backbone"].sequences
 
 
+@pytest.mark.slow
 def test_preemption_under_a_tiny_kv_cache_keeps_outputs(engine):
     prompts = [f"request number {i} with some words" for i in range(8)]
     expected = engine.generate(prompts, **greedy(40, ignore_eos=True))

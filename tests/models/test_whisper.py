@@ -218,6 +218,7 @@ def test_exactly_n_tokens_or_the_eos(eos_engine, checkpoint, n):
     assert (ids, text, final.finish_reason) == (result.token_ids, result.text, result.finish_reason)
 
 
+@pytest.mark.slow
 def test_long_audio_windows_in_order_joined_by_a_space(eos_engine, checkpoint):
     engine, free, index = eos_engine
     _, model, tokenizer = checkpoint
@@ -246,6 +247,7 @@ def test_long_audio_windows_in_order_joined_by_a_space(eos_engine, checkpoint):
 # ---------------------------------------------------------------- batching and resources
 
 
+@pytest.mark.slow
 def test_16_concurrent_transcriptions_equal_each_alone(engine):
     kinds = ["sine", "chirp", "noise"]
     requests = [greedy(clip(kinds[i % 3], 2 + 3 * i, seed=i), 12, language=None if i % 4 == 0 else "en")
@@ -258,6 +260,7 @@ def test_16_concurrent_transcriptions_equal_each_alone(engine):
     assert engine.runtime.node_batches["encoder"] - batches_before < 16     # encoder batches were shared
 
 
+@pytest.mark.slow
 def test_preemption_under_a_tiny_kv_cache_keeps_outputs(engine):
     requests = [greedy(clip("chirp", 4 + i, seed=i), 60, language="en") for i in range(6)]
     expected = [transcribe(engine, r).token_ids for r in requests]
@@ -363,6 +366,7 @@ def test_english_only_checkpoint_equals_hf_generate(checkpoint, tmp_path):
                 engine.submit(request)
 
 
+@pytest.mark.slow
 def test_decode_graph_path_equals_eager_path(monkeypatch):
     """The decoder's decode-graph path (eager on a CPU, the same buffers and cross-attention
     slots a captured graph reads) gives the eager path's ids, with language detection,
@@ -428,6 +432,7 @@ def test_phase_changes_take_pages_through_check_act(eos_engine, monkeypatch):
     assert cache.allocator.num_free == cache.allocator.num_pages
 
 
+@pytest.mark.slow
 def test_startup_warmup_transcribes_noise_and_changes_no_output(checkpoint, record_batch_sizes):
     """Whisper's warm-up requests (eight seconds of noise: the encoder, language detection,
     decode steps) leave the engine as clean as one that did not warm up."""

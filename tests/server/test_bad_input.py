@@ -126,6 +126,7 @@ def short_server(launch_server):
         yield running
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 @given(path=st.sampled_from(sorted(VALID)), field=st.sampled_from(FIELDS), value=JSON_VALUES,
        whole=st.one_of(st.none(), JSON_VALUES))
@@ -147,6 +148,7 @@ def test_healthy_after_fuzzing(short_server):
 # ----------------------------------------------------------------------------- 429
 
 
+@pytest.mark.slow
 def test_full_server_answers_429(launch_server):
     with launch_server(EngineArgs("tiny-qwen3", max_num_seqs=1, max_queue=1)) as running:
         results: list[httpx.Response] = [None] * 8

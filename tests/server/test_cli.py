@@ -4,6 +4,7 @@ from __future__ import annotations
 
 
 import httpx
+import pytest
 
 from omniwalk.cli import _engine_args, build_parser, main
 from processes import serve_process
@@ -43,6 +44,7 @@ def test_serve_flags_become_engine_args():
     assert engine_args.gpu_memory_utilization == 0.5 and engine_args.device == "cpu"
 
 
+@pytest.mark.slow
 def test_serve_process():
     with serve_process("--kv-cache-tokens", "2048", "--max-num-seqs", "8") as (url, output):
         answer = httpx.post(f"{url}/v1/completions", json={"prompt": "Hi", "max_tokens": 3, "ignore_eos": True}).json()

@@ -61,7 +61,8 @@ def stream_pieces(http: httpx.Client, path: str, payload: dict) -> tuple[httpx.R
 # ---------------------------------------------------------------- the budget: every form carries the same bytes
 
 
-@pytest.mark.parametrize("n", [1, 7, 8, 28, 29, 200])
+@pytest.mark.parametrize("n", [1, 7, 8, pytest.param(28, marks=pytest.mark.slow), 29,
+                               pytest.param(200, marks=pytest.mark.slow)])
 def test_streamed_equals_non_streamed(tts, http, n):
     samples = expected_samples(tts, n)
     whole = http.post(SPEECH, json=body(n, response_format="pcm"))
@@ -109,7 +110,7 @@ def wav_sizes(data: bytes) -> tuple[int, int]:
     return struct.unpack("<I", data[4:8])[0], struct.unpack("<I", data[40:44])[0]
 
 
-@pytest.mark.parametrize("n", [1, 29, 200])
+@pytest.mark.parametrize("n", [1, 29, pytest.param(200, marks=pytest.mark.slow)])
 def test_wav_and_flac(tts, http, n):
     samples = expected_samples(tts, n)
     pcm = http.post(SPEECH, json=body(n, response_format="pcm")).content
@@ -191,6 +192,7 @@ def test_sdk_tts(tts):
 # ---------------------------------------------------------------- many at once
 
 
+@pytest.mark.slow
 def test_32_concurrent_speech_requests(tts):
     budgets = [1 + (i * 13) % 90 for i in range(32)]
     kinds = ["pcm", "stream", "sse", "generate"]
@@ -323,6 +325,7 @@ def test_cli_codec_flag():
     assert _engine_args(build_parser().parse_args(["serve", "tiny-orpheus"])).codec is None
 
 
+@pytest.mark.slow
 def test_serve_tiny_orpheus_process():
     with serve_process("tiny-orpheus", "--kv-cache-tokens", "2048", "--max-num-seqs", "4") as (url, output):
         with Client(url) as client:

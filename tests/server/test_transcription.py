@@ -79,6 +79,7 @@ def post(http: httpx.Client, audio: bytes = WAV, **fields) -> httpx.Response:
 # ---------------------------------------------------------------- the official client
 
 
+@pytest.mark.slow
 def test_openai_client_json_text_verbose_equal_in_process(whisper, oai):
     reference = transcribe(whisper.engine, TranscriptionRequest(WAV, max_output_tokens=24))
     assert reference.text and reference.finish_reason == "length"
@@ -121,6 +122,7 @@ SRT_CUE = re.compile(r"(\d+)\n(\d\d:\d\d:\d\d,\d\d\d) --> (\d\d:\d\d:\d\d,\d\d\d
 VTT_CUE = re.compile(r"(\d\d:\d\d:\d\d\.\d\d\d) --> (\d\d:\d\d:\d\d\.\d\d\d)\n((?:[^\n]+\n)+)")
 
 
+@pytest.mark.slow
 def test_srt_and_vtt_are_well_formed(http, long_reference):
     segments = long_reference.segments
     assert [(s.window, s.start, s.end) for s in segments] == [(0, 0.0, 30.0), (1, 30.0, 31.0)]
@@ -184,6 +186,7 @@ def test_max_output_tokens_is_exact(http, n):
     assert (answer.headers["x-usage-output-tokens"], answer.headers["x-finish-reason"]) == (str(n), "length")
 
 
+@pytest.mark.slow
 def test_8_concurrent_transcriptions_equal_each_alone(whisper, http):
     audios = [encode(clip(2 + i, seed=i)) for i in range(8)]
     # tiny-whisper's greedy text hardly depends on the audio: half of them sample, seeded
@@ -255,6 +258,7 @@ def test_a_text_model_does_not_transcribe(server):
                                       "type": "BadRequestError", "param": "model", "code": 400}
 
 
+@pytest.mark.slow
 def test_an_upload_over_25_mib_is_refused(whisper, http, monkeypatch):
     from omniwalk.server import transcription
 
