@@ -31,8 +31,12 @@ def machine_info() -> dict:
 
 
 def _commit() -> str | None:
-    """HEAD of the checkout the package runs from, "+dirty" when its tracked files differ
-    from HEAD (then HEAD alone does not say what ran)."""
+    """$OMNIWALK_COMMIT when set (a copy of the tree whose .git lags its files, as on the GPU
+    machine), else HEAD of the checkout the package runs from, "+dirty" when its tracked
+    files differ from HEAD (then HEAD alone does not say what ran)."""
+    if os.environ.get("OMNIWALK_COMMIT"):
+        return os.environ["OMNIWALK_COMMIT"]
+
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], capture_output=True, text=True, timeout=5,
                               cwd=Path(__file__).parent).stdout.strip()

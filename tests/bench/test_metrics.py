@@ -88,3 +88,13 @@ def test_counts_without_ids_are_labelled():
 def test_stats_of_nothing():
     assert Stats.of([]) == Stats(0)
     assert Stats.of([]).in_ms()["p50"] is None
+
+
+def test_the_commit_a_run_names_can_be_given(monkeypatch):
+    """The GPU machine's copy of the tree carries a stale .git: OMNIWALK_COMMIT says what ran."""
+    from omniwalk.bench.report import machine_info
+
+    monkeypatch.setenv("OMNIWALK_COMMIT", "abc1234")
+    assert machine_info()["omniwalk_commit"] == "abc1234"
+    monkeypatch.delenv("OMNIWALK_COMMIT")
+    assert machine_info()["omniwalk_commit"] != "abc1234"
