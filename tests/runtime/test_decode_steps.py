@@ -7,29 +7,9 @@ that must not change: when items come out, how many batches run, which walks sta
 import gc
 import weakref
 
-from omniwalk.graph import BudgetSpec, Keep, Loop, ModelGraph, Node, Sequential, StreamSpec, ToClient, Walk, WalkCall
-from omniwalk.runtime import FunctionExecutor, NodeExecutor, Request, Runtime, SchedulerConfig, StopConfig, StreamParams
+from toy_models import ToyDecoder
 
-LM = Node("lm", inputs=("x",), outputs=("tok",), stateful=True)
-
-
-class ToyDecoder:
-    """prefill: lm -> tok (first item); decode: Loop [lm -> tok], the shape of decoder_lm.model."""
-
-    def __init__(self, executor: NodeExecutor, deferred: bool = False):
-        emit = ToClient("tok", "main", deferred=deferred)
-        prefill = Walk("prefill", ("x",), Sequential(LM, emit, Keep("tok")))
-        decode = Walk("decode", ("x",), Loop("decode", Sequential(LM, emit), carry={"tok": "x"}))
-        self.graph = ModelGraph([prefill, decode], [StreamSpec("main", BudgetSpec("tok", loop="decode"))])
-        self.executors = {"lm": executor}
-
-    def plan(self, view):
-        if view.last_walk is None:
-            return WalkCall("prefill", {"x": view.request})
-        if view.last_walk == "prefill":
-            return WalkCall("decode", {"x": view.kept["tok"]})
-        return None
-
+from omniwalk.runtime import FunctionExecutor, Request, Runtime, SchedulerConfig, StopConfig, StreamParams
 
 def next_token(state: dict, inputs: dict) -> dict:
     return {"tok": inputs["x"] + 1}

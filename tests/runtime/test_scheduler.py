@@ -24,12 +24,12 @@ from typing import NamedTuple
 
 import pytest
 
-from omniwalk.graph import BudgetSpec, Keep, Loop, ModelGraph, Node, Sequential, StreamSpec, ToClient, Walk, WalkCall
+from toy_models import ToyDecoder
+
 from omniwalk.runtime import (
     NodeCall, NodeExecutor, QueueFullError, Request, Runtime, SchedulerConfig, StreamParams,
 )
 
-LM = Node("lm", inputs=("x",), outputs=("tok",), stateful=True)
 
 
 def next_token(context: list[int]) -> int:
@@ -128,24 +128,6 @@ class PagedLM(NodeExecutor):
             self.free += sequence.pages
 
 
-class ToyLM:
-    """prefill: lm(prompt) -> first token; decode: Loop [lm(last token) -> token]."""
-
-    def __init__(self, executor: NodeExecutor):
-        emit = ToClient("tok", "main")
-        prefill = Walk("prefill", ("x",), Sequential(LM, emit, Keep("tok")))
-        decode = Walk("decode", ("x",), Loop("decode", Sequential(LM, emit), carry={"tok": "x"}))
-        self.graph = ModelGraph([prefill, decode], [StreamSpec("main", BudgetSpec("tok", loop="decode"))])
-        self.executors = {"lm": executor}
-
-    def plan(self, view):
-        if view.last_walk is None:
-            return WalkCall("prefill", {"x": view.request})
-        if view.last_walk == "prefill":
-            return WalkCall("decode", {"x": view.kept["tok"]})
-        return None
-
-
 def request(rid: str, prompt_len: int, budget: int) -> Request:
     prompt = tuple(zlib.crc32(f"{rid}{i}".encode()) % 1000 for i in range(prompt_len))
     return Request(rid, prompt, {"main": StreamParams(budget)})
@@ -184,7 +166,7 @@ def drive(runtime: Runtime, result: Run | None = None, steps: int | None = None,
 
 def reference(requests: list[Request]) -> dict[str, list[int]]:
     """Each request's items with room for everything: no waiting, chunking or preemption."""
-    runtime = Runtime(ToyLM(PagedLM(10_000, 4)), SchedulerConfig(max_num_batched_tokens=100_000))
+    runtime = Runtime(ToyDecoder(PagedLM(10_000, 4)), SchedulerConfig(max_num_batched_tokens=100_000))
     for r in requests:
         runtime.add_request(r)
     run = drive(runtime)
@@ -206,7 +188,7 @@ def assert_all_finished_in_full(run: Run, requests: list[Request], executor: Pag
 
 def test_a_stream_that_cannot_reserve_waits_without_preempting_and_runs_once_pages_free():
     executor = PagedLM(num_pages=5, page_size=4)
-    runtime = Runtime(ToyLM(executor), SchedulerConfig(max_num_seqs=8))
+    runtime = Runtime(ToyDecoder(executor), SchedulerConfig(max_num_seqs=8))
     # a: 12 prompt tokens (3 pages), then 3 decode inputs: a 4th page; b: 12 prompt tokens,
     # 3 pages, while 2 are free; c: 3 prompt tokens, 1 page: it fits, and runs past b
     requests = [request("a", 12, 4), request("b", 12, 3), request("c", 3, 2)]
@@ -224,7 +206,7 @@ def test_a_stream_that_cannot_reserve_waits_without_preempting_and_runs_once_pag
 
 def test_a_waiting_stream_takes_no_pages_from_a_younger_stalled_one():
     executor = PagedLM(num_pages=3, page_size=4)
-    runtime = Runtime(ToyLM(executor), SchedulerConfig(max_num_seqs=8))
+    runtime = Runtime(ToyDecoder(executor), SchedulerConfig(max_num_seqs=8))
     # a: 4 prompt tokens, then 2 pages; b: an 8-token prompt, 2 pages; c, the youngest: a
     # 1-token prompt (a decode-sized call) that needs its 2nd page in step 4, while a holds 2
     requests = [request("a", 4, 5), request("b", 8, 2), request("c", 1, 6)]
@@ -241,7 +223,7 @@ def test_a_waiting_stream_takes_no_pages_from_a_younger_stalled_one():
 
 def test_waiting_streams_are_taken_in_admission_order_as_pages_free():
     executor = PagedLM(num_pages=3, page_size=4)
-    runtime = Runtime(ToyLM(executor), SchedulerConfig(max_num_seqs=8))
+    runtime = Runtime(ToyDecoder(executor), SchedulerConfig(max_num_seqs=8))
     # each needs 3 pages at its end (8 prompt tokens + 3 decode inputs): one at a time, oldest first
     requests = [request(rid, 8, 4) for rid in ("a", "b", "c")]
     for r in requests:
@@ -257,7 +239,7 @@ def test_waiting_streams_are_taken_in_admission_order_as_pages_free():
 
 def test_the_pool_running_out_mid_decode_preempts_the_youngest_and_it_resumes_in_full():
     executor = PagedLM(num_pages=6, page_size=4)
-    runtime = Runtime(ToyLM(executor), SchedulerConfig(max_num_seqs=8))
+    runtime = Runtime(ToyDecoder(executor), SchedulerConfig(max_num_seqs=8))
     # 4 prompt tokens (1 page) each: the prefills and the first decode steps fit (2 pages
     # each); the 9th token needs a third page, and the pool has none: a takes c's
     requests = [request(rid, 4, 9) for rid in ("a", "b", "c")]
@@ -273,7 +255,7 @@ def test_the_pool_running_out_mid_decode_preempts_the_youngest_and_it_resumes_in
 
 def test_preemption_takes_the_youngest_first_and_never_for_a_younger_stream():
     executor = PagedLM(num_pages=7, page_size=2)
-    runtime = Runtime(ToyLM(executor), SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=6))
+    runtime = Runtime(ToyDecoder(executor), SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=6))
     # five streams of 2 prompt tokens grow a page every other step, past what 7 pages hold;
     # the prefills are chunked into 6-token batches, so some start a step after the others
     requests = [request(rid, 2, 8) for rid in ("a", "b", "c", "d", "e")]
@@ -290,7 +272,7 @@ def test_preemption_takes_the_youngest_first_and_never_for_a_younger_stream():
 
 def test_a_younger_stream_never_preempts_an_older_one_mid_prefill():
     executor = PagedLM(num_pages=3, page_size=4)
-    runtime = Runtime(ToyLM(executor), SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=8))
+    runtime = Runtime(ToyDecoder(executor), SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=8))
     runtime.add_request(request("z", 7, 2))
     run = drive(runtime, steps=1)   # z holds 2 of the 3 pages
     requests = [request("o", 12, 1), request("y", 3, 8)]
@@ -312,7 +294,7 @@ def test_a_younger_stream_never_preempts_an_older_one_mid_prefill():
 @pytest.mark.parametrize("budget", [1, 5, 8])
 def test_batches_fill_the_token_budget_with_decode_rows_first_and_chunked_prefills(budget):
     executor = PagedLM(num_pages=1000, page_size=4)
-    runtime = Runtime(ToyLM(executor), SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=budget))
+    runtime = Runtime(ToyDecoder(executor), SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=budget))
     requests = [request("long", 20, 5), request("short", 3, 6), request("mid", 13, 2)]
     for r in requests[:2]:
         runtime.add_request(r)
@@ -343,7 +325,7 @@ def test_batches_fill_the_token_budget_with_decode_rows_first_and_chunked_prefil
 
 def test_a_non_chunkable_call_over_the_budget_runs_alone():
     executor = PagedLM(num_pages=1000, page_size=4, chunkable=False)
-    runtime = Runtime(ToyLM(executor), SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=6))
+    runtime = Runtime(ToyDecoder(executor), SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=6))
     requests = [request("small", 3, 3), request("big", 10, 2)]
     for r in requests:
         runtime.add_request(r)
@@ -360,7 +342,7 @@ def test_a_non_chunkable_call_over_the_budget_runs_alone():
 
 def test_max_queue_rejects_past_the_waiting_limit_and_loses_nothing_admitted():
     executor = PagedLM(num_pages=1000, page_size=4)
-    runtime = Runtime(ToyLM(executor), SchedulerConfig(max_num_seqs=2, max_queue=3))
+    runtime = Runtime(ToyDecoder(executor), SchedulerConfig(max_num_seqs=2, max_queue=3))
     admitted = [request(f"r{i}", 3 + i, 4 + i) for i in range(3)]
     for r in admitted:
         runtime.add_request(r)

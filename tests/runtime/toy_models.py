@@ -9,7 +9,7 @@ from omniwalk.graph import (
     WAIT, BudgetSpec, FixedChunks, Keep, LeftContext, Loop, ModelGraph, Node, Parallel, Sequential,
     SlidingWindow, StreamEdge, StreamSpec, ToClient, ToStream, Walk, WalkCall,
 )
-from omniwalk.runtime import FunctionExecutor
+from omniwalk.runtime import FunctionExecutor, NodeExecutor
 
 
 def mix(*values) -> int:
@@ -97,3 +97,24 @@ def random_toy_model(draw, st, fail_on: int | None = None, max_batch_size: int |
         for name, fn in functions.items()
     }
     return ToyModel(graph, functions, executors)
+
+
+DECODER_LM = Node("lm", inputs=("x",), outputs=("tok",), stateful=True)
+
+
+class ToyDecoder:
+    """prefill: lm -> tok (first item); decode: Loop [lm -> tok], the shape of decoder_lm.model."""
+
+    def __init__(self, executor: NodeExecutor, deferred: bool = False):
+        emit = ToClient("tok", "main", deferred=deferred)
+        prefill = Walk("prefill", ("x",), Sequential(DECODER_LM, emit, Keep("tok")))
+        decode = Walk("decode", ("x",), Loop("decode", Sequential(DECODER_LM, emit), carry={"tok": "x"}))
+        self.graph = ModelGraph([prefill, decode], [StreamSpec("main", BudgetSpec("tok", loop="decode"))])
+        self.executors = {"lm": executor}
+
+    def plan(self, view):
+        if view.last_walk is None:
+            return WalkCall("prefill", {"x": view.request})
+        if view.last_walk == "prefill":
+            return WalkCall("decode", {"x": view.kept["tok"]})
+        return None
