@@ -60,6 +60,9 @@ class Frontend:
 
     capability: ClassVar[Capability]
     request_type: ClassVar[type]
+    #: media kind ("image", "audio") -> the text that marks one item's place in a prompt;
+    #: empty for a frontend that takes no media
+    media_markers: ClassVar[dict[str, str]] = {}
 
     def prepare(self, request: Any, request_id: str, draw_seed: Callable[[], int]) -> Prepared:
         """`request` (of `request_type`) as a runtime request; `draw_seed()` gives the seed of a

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from omniwalk.capabilities import Capability, Frontend, Prepared
+from omniwalk.capabilities.media import MediaInput
 from omniwalk.detokenizer import IncrementalDetokenizer, StopStringMatcher
 from omniwalk.engine.causal_lm_executor import TokenLogprobs
 from omniwalk.engine.sampler import SamplingParams
@@ -20,7 +21,9 @@ from omniwalk.tokenizer import NoTokenizer, encode
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """One text generation. Exactly one of `prompt` / `prompt_token_ids`."""
+    """One text generation. Exactly one of `prompt` / `prompt_token_ids`. `media` (images,
+    audio) go where the prompt has the model's placeholders (`Frontend.media_markers`),
+    in order; only a model that reads media takes them."""
 
     prompt: str | None = None
     prompt_token_ids: list[int] | None = None
@@ -30,6 +33,7 @@ class GenerationRequest:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     sampling: SamplingParams = SamplingParams(temperature=0.0)
+    media: tuple[MediaInput, ...] = ()
 
     def __post_init__(self):
         if (self.prompt is None) == (self.prompt_token_ids is None):
@@ -177,6 +181,8 @@ class TextFrontend(Frontend):
         return ids
 
     def prepare(self, request: GenerationRequest, request_id: str, draw_seed: Callable[[], int]) -> Prepared:
+        if request.media:
+            raise ValueError(f"{request.media[0].name}: this model reads text only")
         prompt_ids = self.tokenize(request)
         room = self.max_model_len - len(prompt_ids)
         if room < 1:
