@@ -180,10 +180,16 @@ class TextFrontend(Frontend):
             raise ValueError("the prompt is empty")
         return ids
 
-    def prepare(self, request: GenerationRequest, request_id: str, draw_seed: Callable[[], int]) -> Prepared:
+    def prompt_of(self, request: GenerationRequest) -> tuple[list[int], Any]:
+        """(the prompt's ids as the model reads them, the runtime request's prompt). A model
+        that reads media overrides it: its ids then count each item's placeholder tokens."""
         if request.media:
             raise ValueError(f"{request.media[0].name}: this model reads text only")
-        prompt_ids = self.tokenize(request)
+        ids = self.tokenize(request)
+        return ids, self.make_prompt(ids)
+
+    def prepare(self, request: GenerationRequest, request_id: str, draw_seed: Callable[[], int]) -> Prepared:
+        prompt_ids, prompt = self.prompt_of(request)
         room = self.max_model_len - len(prompt_ids)
         if room < 1:
             raise ValueError(f"the prompt has {len(prompt_ids)} tokens; the context holds {self.max_model_len}")
@@ -201,7 +207,7 @@ class TextFrontend(Frontend):
         seed = sampling.seed if sampling.seed is not None else draw_seed()
         stop = StopConfig(eos_ids=self.eos_token_ids, stop_ids=frozenset(request.stop_token_ids),
                           ignore_eos=request.ignore_eos, min_items=request.min_tokens)
-        runtime_request = Request(request_id, self.make_prompt(prompt_ids),
+        runtime_request = Request(request_id, prompt,
                                   {self.stream: StreamParams(max_tokens, stop, sampling, seed)})
         processor = TextOutputProcessor(request_id, self.stream, prompt_ids, self.tokenizer, request.stop,
                                         stop.stopping_ids())

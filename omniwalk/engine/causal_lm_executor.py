@@ -97,6 +97,9 @@ class SequenceState:
     prompt_len: int | None = None
     output_ids: list[int] = field(default_factory=list)   # sampled so far (sample index, logits masks)
     history: TokenHistory | None = None                   # only for requests with penalties
+    # the rotary position of the token at cache position p is p + rope_offset (a model
+    # whose prompt positions run ahead of its length: Qwen3-Omni after an image)
+    rope_offset: int = 0
 
 
 @dataclass(frozen=True)
@@ -169,7 +172,7 @@ class CausalLMExecutor(NodeExecutor):
                 sequence.history = TokenHistory(tokens)
         sequence.token_ids.extend(tokens)
         if sequence.num_computed == 0:   # shared prompt prefixes are computed once
-            sequence.num_computed = self.cache.match_prefix(stream.handle, sequence.token_ids)
+            sequence.num_computed = self.cache.match_prefix(stream.handle, self._prefix_key(sequence))
 
     def pending_work(self, stream) -> int:
         sequence = self.sequences[stream.handle]
@@ -224,7 +227,7 @@ class CausalLMExecutor(NodeExecutor):
             before = sequence.num_computed
             sequence.num_computed = before + call.num_tokens
             if sequence.num_computed // size > before // size:   # a page filled (a decode row: 1 step in 16)
-                self.cache.register_full_pages(call.stream.handle, sequence.token_ids, sequence.num_computed)
+                self.cache.register_full_pages(call.stream.handle, self._prefix_key(sequence), sequence.num_computed)
         # a step launched early already set these tokens in the repetition penalty's mask
         # (`SeenTokens.mark`): queueing them again would write the same bits
         seen_tokens = self.seen_tokens if early is None else None
@@ -315,6 +318,11 @@ class CausalLMExecutor(NodeExecutor):
         """Hook: the step computed these streams' tokens and succeeded (hybrid models:
         the state rows it wrote become the committed ones)."""
 
+    def _prefix_key(self, sequence: SequenceState) -> list[int]:
+        """Hook: what the prefix cache keys a sequence's pages by (its ids, unless ids alone
+        do not determine the KV: media placeholders, keyed by their content instead)."""
+        return sequence.token_ids
+
     def _eager_inputs(self, handles: list[int], query_lens: list[int]) -> tuple:
         """Hook: the model's inputs beyond ids, positions and attention in an eager pass
         (hybrid models: the rows' recurrent states)."""
@@ -373,7 +381,7 @@ class CausalLMExecutor(NodeExecutor):
         size = self.cache.page_size
         tables = [self.cache.page_tables[h] for h in handles]
         logits = self.decode_graphs.run(
-            input_ids=device_tokens, positions=positions,
+            input_ids=device_tokens, positions=[p + s.rope_offset for p, s in zip(positions, sequences)],
             slots=[table[p // size] * size + p % size for table, p in zip(tables, positions)],
             context_lens=positions, page_tables=tables, row_slots=self._row_slots(handles),
         )
@@ -388,9 +396,9 @@ class CausalLMExecutor(NodeExecutor):
     def _forward_eager(self, calls, sequences, done) -> torch.Tensor:
         input_ids, positions = [], []
         for call, sequence in zip(calls, sequences):
-            start = sequence.num_computed
+            start, rope_start = sequence.num_computed, sequence.num_computed + sequence.rope_offset
             input_ids.extend(sequence.token_ids[start : start + call.num_tokens])
-            positions.extend(range(start, start + call.num_tokens))
+            positions.extend(range(rope_start, rope_start + call.num_tokens))
         handles, query_lens = [call.stream.handle for call in calls], [call.num_tokens for call in calls]
         context_lens = [s.num_computed for s in sequences]
         tables = [self.cache.page_tables[h] for h in handles]
@@ -416,7 +424,7 @@ class CausalLMExecutor(NodeExecutor):
         tables = [self.cache.page_tables[h] for h in handles]
         return self.decode_graphs.run(
             input_ids=[s.token_ids[-1] for s in sequences],
-            positions=positions,
+            positions=[p + s.rope_offset for p, s in zip(positions, sequences)],
             slots=[table[p // size] * size + p % size for table, p in zip(tables, positions)],
             context_lens=positions,
             page_tables=tables,

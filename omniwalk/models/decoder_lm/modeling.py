@@ -75,10 +75,11 @@ class DecoderLayer(nn.Module):
     # each norm feeds one projection alone: with FP8 projections the norm quantizes
     fp8_input_producers = {"input_layernorm": "self_attn.qkv_proj", "post_attention_layernorm": "mlp.gate_up_proj"}
 
-    def __init__(self, config: DecoderConfig, layer_index: int):
+    def __init__(self, config: DecoderConfig, layer_index: int, mlp: nn.Module | None = None):
         super().__init__()
         self.self_attn = DecoderAttention(config, layer_index)
-        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size)
+        # a sparse-expert model brings its own (`omniwalk.layers.moe`)
+        self.mlp = mlp if mlp is not None else GatedMLP(config.hidden_size, config.intermediate_size)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 

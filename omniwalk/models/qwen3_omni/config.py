@@ -1,0 +1,138 @@
+"""Qwen3-Omni's Thinker: its config from a `qwen3_omni_moe` checkpoint (full or thinker-only).
+
+The Thinker is a Qwen3-MoE decoder (GQA attention with per-head QK norm, sparse expert
+MLPs) whose rotary positions are multimodal (time / height / width sections, interleaved),
+fed by an audio encoder and a vision encoder. A full checkpoint nests it under
+`thinker_config`; a thinker-only folder (`Qwen3OmniMoeThinkerForConditionalGeneration`)
+is that dict at the top level.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from omniwalk.layers.config import DecoderConfig, decoder_config_from_hf
+from omniwalk.models.qwen3_omni.encoder_config import AudioEncoderConfig, VisionEncoderConfig
+
+#: the text that marks one media item's place in a prompt (Qwen3-Omni's chat template)
+MEDIA_MARKER_TOKENS = {
+    "image": ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>"),
+    "audio": ("<|audio_start|>", "<|audio_pad|>", "<|audio_end|>"),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class MediaTokens:
+    """The ids of the special tokens that frame and stand for media in a prompt."""
+
+    audio: int              # <|audio_pad|>: one per audio embedding
+    image: int              # <|image_pad|>: one per merged image patch
+    video: int
+    audio_start: int
+    audio_end: int
+    vision_start: int
+    vision_end: int
+
+    def of_marker(self) -> dict[str, int]:
+        """Marker token text -> id."""
+        return {"<|vision_start|>": self.vision_start, "<|image_pad|>": self.image, "<|vision_end|>": self.vision_end,
+                "<|audio_start|>": self.audio_start, "<|audio_pad|>": self.audio, "<|audio_end|>": self.audio_end}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ThinkerConfig:
+    text: DecoderConfig                  # attention stack, dense MLP width (mlp_only_layers), rope theta
+    num_experts: int
+    num_experts_per_tok: int
+    moe_intermediate_size: int
+    norm_topk_prob: bool
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+    # rotary frequency pairs that take the height and width positions, interleaved (t h w t h
+    # w ...) as in Qwen3-VL; the first entry counts the time ones (the rest)
+    mrope_section: tuple[int, int, int]
+    position_id_per_seconds: int = 13    # temporal rotary positions per second of video
+    tokens: MediaTokens
+    audio: AudioEncoderConfig
+    vision: VisionEncoderConfig
+
+    def __post_init__(self):
+        if sum(self.mrope_section) != self.text.rotary_dim // 2:
+            raise ValueError(f"mrope_section {self.mrope_section} must sum to rotary_dim / 2 = {self.text.rotary_dim // 2}")
+        if not 0 < self.num_experts_per_tok <= self.num_experts:
+            raise ValueError(f"num_experts_per_tok must be in [1, num_experts], got {self.num_experts_per_tok}")
+
+    def is_sparse(self, layer: int) -> bool:
+        return (layer not in self.mlp_only_layers and self.num_experts > 0
+                and (layer + 1) % self.decoder_sparse_step == 0)
+
+    # what the shared loading pipeline and text frontend read of a decoder config
+    @property
+    def vocab_size(self) -> int:
+        return self.text.vocab_size
+
+    @property
+    def max_position_embeddings(self) -> int:
+        return self.text.max_position_embeddings
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return self.text.eos_token_ids
+
+
+def thinker_config_from_hf(hf: dict[str, Any]) -> ThinkerConfig:
+    """ThinkerConfig from a `qwen3_omni_moe` (full) or `qwen3_omni_moe_thinker` config.json dict."""
+    thinker = hf.get("thinker_config", hf)
+    text = dict(thinker["text_config"])
+    rope = dict(text.get("rope_parameters") or text.get("rope_scaling") or {})
+    if rope.get("rope_type", rope.get("type", "default")) not in ("default", "mrope"):
+        raise ValueError(f"rope_type {rope.get('rope_type')!r} is not supported for the Qwen3-Omni Thinker")
+    text["rope_parameters"] = {"rope_type": "default", "rope_theta": rope.get("rope_theta", text.get("rope_theta", 1e6))}
+    text.pop("rope_scaling", None)
+    if text.get("sliding_window") and text.get("use_sliding_window"):
+        raise ValueError("sliding-window attention is not supported")
+    ids = thinker
+    return ThinkerConfig(
+        text=decoder_config_from_hf(text, qk_norm=True),
+        num_experts=text["num_experts"],
+        num_experts_per_tok=text["num_experts_per_tok"],
+        moe_intermediate_size=text["moe_intermediate_size"],
+        norm_topk_prob=text.get("norm_topk_prob", True),
+        decoder_sparse_step=text.get("decoder_sparse_step", 1),
+        mlp_only_layers=tuple(text.get("mlp_only_layers") or ()),
+        mrope_section=tuple(rope.get("mrope_section", (24, 20, 20))),
+        position_id_per_seconds=ids.get("position_id_per_seconds", 13),
+        tokens=MediaTokens(
+            audio=ids.get("audio_token_id", 151646), image=ids.get("image_token_id", 151655),
+            video=ids.get("video_token_id", 151656), audio_start=ids.get("audio_start_token_id", 151647),
+            audio_end=ids.get("audio_end_token_id", 151648), vision_start=ids.get("vision_start_token_id", 151652),
+            vision_end=ids.get("vision_end_token_id", 151653),
+        ),
+        audio=AudioEncoderConfig.from_hf(thinker.get("audio_config") or {}),
+        vision=VisionEncoderConfig.from_hf(thinker.get("vision_config") or {}),
+    )
+
+
+# Media token ids of the tiny model: past the tiny tokenizer's vocabulary (which has no
+# such tokens); the frontend maps the marker texts to them.
+TINY_MEDIA_TOKENS = 8
+
+
+def tiny_config(tokenizer_size: int) -> ThinkerConfig:
+    """A tiny Thinker (4 experts, top 2, one dense layer) for tests and CPU demos."""
+    base = tokenizer_size
+    hidden = 64
+    text = DecoderConfig(
+        vocab_size=tokenizer_size + TINY_MEDIA_TOKENS, hidden_size=hidden, intermediate_size=96, num_layers=3,
+        num_heads=4, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-6, rope_theta=1_000_000.0, qk_norm=True,
+        tie_word_embeddings=False, max_position_embeddings=4096, eos_token_ids=(0,),
+    )
+    return ThinkerConfig(
+        text=text, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
+        mlp_only_layers=(1,), mrope_section=(4, 2, 2), position_id_per_seconds=13,
+        tokens=MediaTokens(audio=base, image=base + 1, video=base + 2, audio_start=base + 3, audio_end=base + 4,
+                           vision_start=base + 5, vision_end=base + 6),
+        audio=AudioEncoderConfig.tiny(output_dim=hidden),
+        vision=VisionEncoderConfig.tiny(out_hidden_size=hidden),
+    )

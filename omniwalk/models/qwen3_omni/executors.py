@@ -1,0 +1,214 @@
+"""The Thinker's nodes: two stateless media encoders and the stateful language model.
+
+Encoders: a batch takes the items (clips, images) of every call that reached the node in
+the step and encodes them in one pass; each call gets its items' outputs back.
+
+Language model: the shared `CausalLMExecutor` (chunked prefill beside decode steps, the
+decode CUDA graphs, look-ahead, sampling), plus per stream what its prompt takes from
+media, bound into eager passes as a `ChunkMedia` (`_eager_inputs`):
+
+    prompt:   T T <as> A A A <ae> T <vs> I I I I <ve> T T
+    embeds:           a a a               i i i i           rows the encoders' outputs replace
+    deepstack:                            d d d d           added after the first layers
+    rope:     one position per token, (t, h, w) for image patches; past the prompt: p + offset
+
+A chunk of a prefill takes the rows of its own range. Decode steps are text: the decode
+graphs read one rotary position per row (`SequenceState.rope_offset`).
+
+Prefix caching: the pages of a prompt are keyed by its ids, except media placeholders,
+which are keyed by their item's content hash (`ThinkerPrompt.cache_keys`): two requests with
+the same image share pages; two with different images never do, though their ids match.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from omniwalk.engine.causal_lm_executor import CausalLMExecutor, SequenceState
+from omniwalk.engine.host_to_device import to_device
+from omniwalk.models.qwen3_omni.positions import PromptPositions
+from omniwalk.models.qwen3_omni.thinker import ChunkMedia, Thinker
+from omniwalk.runtime.executor import NodeCall, NodeExecutor
+
+
+@dataclass(frozen=True)
+class ImagePatches:
+    """One preprocessed image: its patches [N, C * T * P * P] float32 (CPU) and grid (t, h, w) in patches."""
+
+    patches: torch.Tensor
+    grid: tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class EncodedImage:
+    embeds: torch.Tensor       # [tokens, hidden]
+    deepstack: torch.Tensor    # [levels, tokens, hidden]
+
+
+class AudioEncoderExecutor(NodeExecutor):
+    """Node `audio_encoder`: features (list of [mels, frames]) -> audio_embeds (list of [tokens, hidden])."""
+
+    def __init__(self, thinker: Thinker, max_batch_size: int = 256):
+        self.encoder = thinker.audio_tower
+        self.max_batch_size = max_batch_size
+        weight = next(self.encoder.parameters())
+        self.device, self.dtype = weight.device, weight.dtype
+
+    def pending_work(self, stream) -> int:
+        return 1
+
+    @torch.inference_mode()
+    def run(self, calls: list[NodeCall]) -> list[dict]:
+        clips = [clip.to(self.device, self.dtype, non_blocking=True) for call in calls for clip in call.inputs["features"]]
+        encoded = iter(self.encoder(clips))
+        return [{"audio_embeds": [next(encoded) for _ in call.inputs["features"]]} for call in calls]
+
+
+class VisionEncoderExecutor(NodeExecutor):
+    """Node `vision_encoder`: images (list of ImagePatches) -> image_embeds (list of EncodedImage)."""
+
+    def __init__(self, thinker: Thinker, max_batch_size: int = 256):
+        self.encoder = thinker.visual
+        self.merge = thinker.config.vision.spatial_merge_size
+        self.max_batch_size = max_batch_size
+        weight = next(self.encoder.parameters())
+        self.device, self.dtype = weight.device, weight.dtype
+
+    def pending_work(self, stream) -> int:
+        return 1
+
+    @torch.inference_mode()
+    def run(self, calls: list[NodeCall]) -> list[dict]:
+        images = [image for call in calls for image in call.inputs["images"]]
+        patches = torch.cat([image.patches for image in images]).to(self.device, self.dtype, non_blocking=True)
+        embeds, deepstack = self.encoder(patches, [image.grid for image in images])
+        sizes = [t * h * w // self.merge ** 2 for t, h, w in (image.grid for image in images)]
+        levels = torch.stack(deepstack) if deepstack else embeds.new_zeros(0, embeds.shape[0], embeds.shape[1])
+        # one request's outputs must not keep the whole batch alive: copies per image
+        encoded = iter([EncodedImage(e.clone(), d.clone())
+                        for e, d in zip(embeds.split(sizes), levels.split(sizes, dim=1))])
+        return [{"image_embeds": [next(encoded) for _ in call.inputs["images"]]} for call in calls]
+
+
+@dataclass(frozen=True)
+class MediaSpan:
+    """Where one media item's tokens sit in the prompt."""
+
+    kind: str          # "audio" | "image"
+    index: int         # the item among those of its kind
+    start: int         # first placeholder token
+    length: int
+
+
+@dataclass(frozen=True)
+class ThinkerPrompt:
+    """The language model's prefill input: the expanded prompt and what its media became."""
+
+    token_ids: list[int]
+    positions: PromptPositions
+    spans: tuple[MediaSpan, ...] = ()
+    cache_keys: list[int] | None = None               # prefix-cache keys (None: the ids)
+    audio_embeds: list[torch.Tensor] = field(default_factory=list)
+    image_embeds: list[EncodedImage] = field(default_factory=list)
+
+
+@dataclass
+class PromptMedia:
+    """A stream's media rows, assembled once at `begin` (on the device)."""
+
+    rope: np.ndarray | None            # [3, prompt_len]
+    embed_index: np.ndarray            # [n] prompt indices, increasing
+    embeds: torch.Tensor               # [n, hidden]
+    deepstack_index: np.ndarray        # [m] prompt indices of image tokens
+    deepstack: torch.Tensor | None     # [levels, m, hidden]
+
+
+@dataclass
+class ThinkerSequence(SequenceState):
+    media: PromptMedia | None = None
+    cache_keys: list[int] | None = None    # the prompt's prefix-cache keys
+
+
+def assemble_media(prompt: ThinkerPrompt) -> PromptMedia | None:
+    if not prompt.spans and prompt.positions.rope is None:
+        return None
+    rows, embeds, image_rows, levels = [], [], [], []
+    for span in prompt.spans:   # in prompt order
+        index = np.arange(span.start, span.start + span.length)
+        rows.append(index)
+        if span.kind == "audio":
+            embeds.append(prompt.audio_embeds[span.index])
+        else:
+            image = prompt.image_embeds[span.index]
+            embeds.append(image.embeds)
+            image_rows.append(index)
+            levels.append(image.deepstack)
+        if embeds[-1].shape[0] != span.length:
+            raise ValueError(f"{span.kind} {span.index}: {embeds[-1].shape[0]} embeddings for {span.length} tokens")
+    empty = np.zeros(0, dtype=np.int64)
+    return PromptMedia(
+        rope=prompt.positions.rope,
+        embed_index=np.concatenate(rows) if rows else empty,
+        embeds=torch.cat(embeds) if embeds else None,
+        deepstack_index=np.concatenate(image_rows) if image_rows else empty,
+        deepstack=torch.cat(levels, dim=1) if levels and levels[0].shape[0] else None,
+    )
+
+
+class ThinkerExecutor(CausalLMExecutor):
+    """Node `thinker`: the language model, `inputs=("tokens",)` (a ThinkerPrompt to prefill,
+    then each sampled token), `outputs=("token", "logprobs")`."""
+
+    def begin(self, stream, inputs) -> None:
+        prompt = inputs["tokens"]
+        if isinstance(prompt, ThinkerPrompt):
+            sequence = self.sequences.get(stream.handle)
+            if sequence is None:
+                sequence = self.sequences[stream.handle] = ThinkerSequence()
+            sequence.media = assemble_media(prompt)
+            sequence.rope_offset = prompt.positions.offset
+            sequence.cache_keys = prompt.cache_keys
+            inputs = {"tokens": prompt.token_ids}
+        super().begin(stream, inputs)
+
+    def _prefix_key(self, sequence: SequenceState) -> list[int]:
+        keys = getattr(sequence, "cache_keys", None)
+        if keys is None:
+            return sequence.token_ids
+        return keys + sequence.token_ids[len(keys):]
+
+    def _eager_inputs(self, handles: list[int], query_lens: list[int]) -> tuple:
+        sequences = [self.sequences[h] for h in handles]
+        if all(getattr(s, "media", None) is None for s in sequences):
+            return ()
+        rope, embed_rows, embeds, ds_rows, deepstack = [], [], [], [], []
+        offset = 0   # the row's first token in the pass
+        for sequence, count in zip(sequences, query_lens):
+            start, end = sequence.num_computed, sequence.num_computed + count
+            media = getattr(sequence, "media", None)
+            prompt_end = min(end, sequence.prompt_len) if media is not None and media.rope is not None else start
+            if prompt_end > start:
+                rope.append(media.rope[:, start:prompt_end])
+            rope.append(np.broadcast_to(np.arange(prompt_end, end) + sequence.rope_offset, (3, end - prompt_end)))
+            if media is not None and media.embeds is not None:
+                lo, hi = np.searchsorted(media.embed_index, (start, end))
+                if hi > lo:
+                    embed_rows.append(media.embed_index[lo:hi] - start + offset)
+                    embeds.append(media.embeds[lo:hi])
+                lo, hi = np.searchsorted(media.deepstack_index, (start, end))
+                if hi > lo and media.deepstack is not None:
+                    ds_rows.append(media.deepstack_index[lo:hi] - start + offset)
+                    deepstack.append(media.deepstack[:, lo:hi])
+            offset += count
+        device = self.device
+        chunk = ChunkMedia(
+            rope_positions=to_device(np.concatenate(rope, axis=1), torch.long, device),
+            embed_rows=to_device(np.concatenate(embed_rows), torch.long, device) if embed_rows else None,
+            embeds=torch.cat(embeds) if embeds else None,
+            deepstack_rows=to_device(np.concatenate(ds_rows), torch.long, device) if ds_rows else None,
+            deepstack=torch.cat(deepstack, dim=1) if deepstack else None,
+        )
+        return (chunk,)

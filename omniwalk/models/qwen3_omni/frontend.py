@@ -1,0 +1,151 @@
+"""Text generation on the Thinker, with images and audio in the prompt.
+
+A prompt marks each media item's place with Qwen3-Omni's chat-template markers
+(`<|vision_start|><|image_pad|><|vision_end|>`, `<|audio_start|><|audio_pad|><|audio_end|>`);
+the i-th image placeholder takes the request's i-th image, and likewise for audio. The
+frontend decodes and preprocesses each item (on the API side: resize and patches, log-mel
+features), expands its one placeholder into as many tokens as its encoder yields, computes
+the prompt's rotary positions, and keys the placeholders for the prefix cache by the
+item's content. Errors name the item (`MediaInput.name`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Any
+
+import numpy as np
+import torch
+
+from omniwalk.audio import load_audio
+from omniwalk.capabilities.media import AudioInput, ImageInput
+from omniwalk.capabilities.text import GenerationRequest, TextFrontend
+from omniwalk.engine.sampler import SamplingParams
+from omniwalk.models.decoder_lm.model import WARMUP_PROMPT_TOKENS, WARMUP_REQUESTS, warmup_prompt
+from omniwalk.models.qwen3_omni.config import MEDIA_MARKER_TOKENS, TINY_MEDIA_TOKENS, ThinkerConfig
+from omniwalk.models.qwen3_omni.executors import ImagePatches, MediaSpan
+from omniwalk.models.qwen3_omni.media import AudioProcessor, ImageProcessor, audio_token_count, decode_image
+from omniwalk.models.qwen3_omni.model import TEXT_STREAM, ThinkerRequest
+from omniwalk.models.qwen3_omni.positions import prompt_positions
+from omniwalk.runtime import Request, StopConfig, StreamParams
+from omniwalk.tokenizer import encode
+
+AUDIO_SAMPLING_RATE = 16_000
+
+
+class ThinkerTextFrontend(TextFrontend):
+    """`TextFrontend` whose prompts may hold images and audio."""
+
+    media_markers = {kind: "".join(tokens) for kind, tokens in MEDIA_MARKER_TOKENS.items()}
+
+    def __init__(self, *, config: ThinkerConfig, image_processor: ImageProcessor, audio_processor: AudioProcessor,
+                 **text):
+        super().__init__(make_prompt=None, **text)
+        self.config = config
+        self.image_processor = image_processor
+        self.audio_processor = audio_processor
+        self.marker_ids = {marker: self._token_id(marker, default)
+                           for marker, default in config.tokens.of_marker().items()}
+        self.marker_pattern = re.compile("(" + "|".join(map(re.escape, self.marker_ids)) + ")")
+
+    def _token_id(self, token: str, default: int) -> int:
+        """The tokenizer's id of a marker token if it has one (a real checkpoint), else the config's."""
+        convert = getattr(self.tokenizer, "convert_tokens_to_ids", None)
+        found = convert(token) if convert is not None else None
+        unknown = getattr(self.tokenizer, "unk_token_id", None)
+        return found if isinstance(found, int) and found != unknown else default
+
+    def tokenize(self, request: GenerationRequest) -> list[int]:
+        if request.prompt is None:
+            return super().tokenize(request)
+        ids = []
+        for piece in self.marker_pattern.split(request.prompt):
+            if piece in self.marker_ids:
+                ids.append(self.marker_ids[piece])
+            elif piece:
+                ids.extend(encode(self.tokenizer, piece, "the prompt"))
+        if not ids:
+            raise ValueError("the prompt is empty")
+        return ids
+
+    def prompt_of(self, request: GenerationRequest) -> tuple[list[int], Any]:
+        ids = self.tokenize(request)
+        tokens = self.config.tokens
+        images = [item for item in request.media if isinstance(item, ImageInput)]
+        audios = [item for item in request.media if isinstance(item, AudioInput)]
+        for kind, pad, items in (("image", tokens.image, images), ("audio", tokens.audio, audios)):
+            found = ids.count(pad)
+            if found != len(items):
+                raise ValueError(f"the prompt has {found} {kind} placeholder(s) for {len(items)} {kind} input(s); "
+                                 f"mark each with {self.media_markers[kind]}")
+        if not request.media:
+            return ids, ThinkerRequest(ids, prompt_positions(ids, tokens.image, [], 0))
+        patches = [self._image(item) for item in images]
+        features = [self._audio(item) for item in audios]
+        merge = self.config.vision.spatial_merge_size
+        grids = [(t, h // merge, w // merge) for t, h, w in (p.grid for p in patches)]
+        lengths = {"image": [t * h * w for t, h, w in grids],
+                   "audio": [audio_token_count(f.shape[-1], self.config.audio.n_window) for f in features]}
+        hashes = {"image": [_content_hash(p.patches) for p in patches], "audio": [_content_hash(f) for f in features]}
+        expanded, keys, spans, seen = [], [], [], {"image": 0, "audio": 0}
+        for token in ids:
+            kind = "image" if token == tokens.image else "audio" if token == tokens.audio else None
+            if kind is None:
+                expanded.append(token)
+                keys.append(token)
+                continue
+            index = seen[kind]
+            seen[kind] += 1
+            length = lengths[kind][index]
+            spans.append(MediaSpan(kind, index, len(expanded), length))
+            expanded.extend([token] * length)
+            # placeholders keyed by content: negative, so never equal to an id
+            keys.extend(-(1 + (hashes[kind][index] + j) % (1 << 62)) for j in range(length))
+        positions = prompt_positions(expanded, tokens.image, grids, self.config.position_id_per_seconds)
+        return expanded, ThinkerRequest(expanded, positions, tuple(spans), tuple(features), tuple(patches), keys)
+
+    def _image(self, item: ImageInput) -> ImagePatches:
+        try:
+            patches, grid = self.image_processor(decode_image(item.data))
+        except ValueError as exc:
+            raise ValueError(f"{item.name}: {exc}") from None
+        return ImagePatches(torch.as_tensor(patches), tuple(int(v) for v in grid))
+
+    def _audio(self, item: AudioInput) -> torch.Tensor:
+        try:
+            samples = load_audio(item.data, AUDIO_SAMPLING_RATE)
+            return torch.as_tensor(self.audio_processor(samples))
+        except ValueError as exc:
+            raise ValueError(f"{item.name}: {exc}") from None
+
+
+def _content_hash(tensor: torch.Tensor) -> int:
+    data = np.ascontiguousarray(tensor.numpy())
+    digest = hashlib.sha256(repr(data.shape).encode() + data.tobytes()).digest()
+    return int.from_bytes(digest[:8], "little")
+
+
+def thinker_frontends(loaded) -> list[ThinkerTextFrontend]:
+    """Text generation with media, over the loaded Thinker's one text stream."""
+    config: ThinkerConfig = loaded.config
+    return [ThinkerTextFrontend(
+        config=config, image_processor=ImageProcessor.for_vision(config.vision),
+        audio_processor=AudioProcessor(config.audio.num_mel_bins),
+        tokenizer=loaded.tokenizer, vocab_size=config.vocab_size, max_model_len=loaded.max_model_len,
+        kv_capacity_tokens=loaded.kv_capacity_tokens, eos_token_ids=loaded.eos_token_ids, stream=TEXT_STREAM)]
+
+
+def thinker_warmup(loaded) -> list[Request]:
+    """Text prompts whose prefill is one eager pass and whose decode steps replay the graphs
+    (as the decoder LMs' warm-up); media encoders compile on their first request."""
+    vocab = loaded.config.text.vocab_size - TINY_MEDIA_TOKENS   # ordinary ids in any vocabulary
+    prompt_len = max(1, min(WARMUP_PROMPT_TOKENS, loaded.max_model_len // 4))
+    budget = max(1, min(8, loaded.max_model_len - prompt_len))
+    requests = []
+    for i in range(WARMUP_REQUESTS):
+        ids = warmup_prompt(i, prompt_len, vocab)
+        params = StreamParams(budget, StopConfig(ignore_eos=True), SamplingParams(temperature=1.0, top_p=0.9, seed=i), i)
+        requests.append(Request(f"warmup-{i}", ThinkerRequest(ids, prompt_positions(ids, -1, [], 0)),
+                                {TEXT_STREAM: params}))
+    return requests
