@@ -29,8 +29,9 @@ import numpy as np
 
 from omniwalk.bench.cli import _engine_args, parse_concurrency
 from omniwalk.bench.report import exit_status, machine_info, now_iso, write_json
+from omniwalk.bench.workload import SAMPLE_RATE, synthetic_clip
 
-SAMPLE_RATE = 16000
+DEFAULT_ASR_SECONDS = 30.0
 
 ASR_DEFINITIONS = {
     "latency": "request submitted -> final chunk (the transcript complete)",
@@ -45,17 +46,8 @@ ASR_DEFINITIONS = {
 def add_asr_arguments(parser: argparse.ArgumentParser) -> None:
     asr = parser.add_argument_group("speech recognition")
     asr.add_argument("--asr", action="store_true",
-                     help="ASR mode (in-process Whisper): synthetic clips, --output-len is max_output_tokens")
-    asr.add_argument("--audio-seconds", type=float, default=30.0, help="--asr: seconds of audio per request")
-
-
-def synthetic_clip(seconds: float, seed: list[int]) -> np.ndarray:
-    """Seeded tones with a chirp and noise: deterministic, speech-band, float32 mono 16 kHz."""
-    rng = np.random.default_rng(seed)
-    t = np.arange(int(seconds * SAMPLE_RATE)) / SAMPLE_RATE
-    tones = sum(rng.uniform(0.05, 0.2) * np.sin(2 * np.pi * rng.uniform(100, 3000) * t) for _ in range(3))
-    chirp = 0.1 * np.sin(2 * np.pi * (200 + 300 * t) * t)
-    return (tones + chirp + 0.02 * rng.standard_normal(t.shape)).astype(np.float32)
+                     help="ASR mode (in-process Whisper): synthetic clips of --audio-seconds (default "
+                          f"{DEFAULT_ASR_SECONDS:g}), --output-len is max_output_tokens")
 
 
 @dataclass
@@ -149,8 +141,9 @@ def run_asr_bench(args: argparse.Namespace, argv: list[str] | None = None) -> in
     concurrencies = parse_concurrency(args.concurrency) or [1]
     num = args.num_requests or 16
     max_tokens = int(str(args.output_len).split(":")[0])
-    clips = [synthetic_clip(args.audio_seconds, [args.seed, 0, i]) for i in range(num)]
-    warmup = [synthetic_clip(args.audio_seconds, [args.seed, 1, i]) for i in range(args.warmup)]
+    seconds = DEFAULT_ASR_SECONDS if args.audio_seconds is None else args.audio_seconds
+    clips = [synthetic_clip(seconds, [args.seed, 0, i]) for i in range(num)]
+    warmup = [synthetic_clip(seconds, [args.seed, 1, i]) for i in range(args.warmup)]
     runs = []
     engine = Engine(_engine_args(args))
     try:
@@ -171,7 +164,7 @@ def run_asr_bench(args: argparse.Namespace, argv: list[str] | None = None) -> in
         argv = list(sys.argv[1:] if argv is None else argv)
         write_json(args.json, {
             "command": "omniwalk " + shlex.join(argv), "argv": argv, "date": now_iso(), "mode": "asr",
-            "machine": machine_info(), "config": {"engine_args": engine_args, "audio_seconds": args.audio_seconds,
+            "machine": machine_info(), "config": {"engine_args": engine_args, "audio_seconds": seconds,
                                                   "max_output_tokens": max_tokens, "num_requests": num,
                                                   "warmup": args.warmup, "seed": args.seed},
             "definitions": ASR_DEFINITIONS, "failed": failed > 0, "num_failed": failed, "runs": runs,

@@ -2,8 +2,10 @@
 
     InProcessBackend(engine)                  asyncio over `Engine.submit(..., loop=...)`
     OpenAICompletionsBackend(url, model)      streaming POST /v1/completions over httpx
+    NativeGenerateBackend(url)                streaming POST /generate (NDJSON) of an omniwalk
+                                              server: the route that takes audio (`audios`)
 
-Both fill one `RequestRecord` per request: when it was sent, when each response chunk
+Each fills one `RequestRecord` per request: when it was sent, when each response chunk
 arrived and how many output ids it carried, and how it ended. Output ids are counted
 from the ids the server returns (`token_ids` on each streamed choice, a vLLM extension
 asked for with `return_token_ids`). A server that returns none is still measured, but
@@ -40,7 +42,8 @@ class RequestRecord:
     finish_reason: str | None = None
     error: str | None = None
     http_status: int | None = None     # None in-process
-    usage_output_tokens: int | None = None   # usage.completion_tokens, when the server sent it
+    usage_output_tokens: int | None = None   # the usage's output count (completion_tokens), when sent
+    audio_seconds: float = 0.0         # input audio the request carried
 
     @property
     def id_based(self) -> bool:
@@ -77,7 +80,16 @@ class Backend(Protocol):
 
 
 def _new_record(request: BenchRequest) -> RequestRecord:
-    return RequestRecord(request.index, request.prompt_len, request.output_len)
+    return RequestRecord(request.index, request.prompt_len, request.output_len,
+                         audio_seconds=request.audio_seconds)
+
+
+def _http_client(base_url: str, timeout_s: float, transport: httpx.AsyncBaseTransport | None) -> httpx.AsyncClient:
+    # no pool limit: the bench's own concurrency is the only cap on requests in flight
+    return httpx.AsyncClient(
+        base_url=base_url, transport=transport, timeout=httpx.Timeout(timeout_s, connect=30.0),
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
+    )
 
 
 class InProcessBackend:
@@ -91,11 +103,14 @@ class InProcessBackend:
 
     async def send(self, request: BenchRequest) -> RequestRecord:
         from omniwalk.api import GenerationRequest, QueueFullError
+        from omniwalk.capabilities.media import AudioInput
         from omniwalk.engine.sampler import SamplingParams
 
         record = _new_record(request)
+        media = () if request.audio is None else (AudioInput(request.audio),)
         generation = GenerationRequest(prompt_token_ids=request.prompt_token_ids, max_tokens=request.output_len,
-                                       ignore_eos=self.ignore_eos, sampling=SamplingParams(temperature=0.0))
+                                       ignore_eos=self.ignore_eos, sampling=SamplingParams(temperature=0.0),
+                                       media=media)
         record.send_time = now()
         try:
             stream = self.engine.submit(generation, loop=asyncio.get_running_loop())
@@ -125,12 +140,7 @@ class OpenAICompletionsBackend:
         self.base_url = normalize_base_url(base_url)
         self.model = model
         self.ignore_eos = ignore_eos
-        # no pool limit: the bench's own concurrency is the only cap on requests in flight
-        self.client = httpx.AsyncClient(
-            base_url=self.base_url, transport=transport,
-            timeout=httpx.Timeout(timeout_s, connect=30.0),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
-        )
+        self.client = _http_client(self.base_url, timeout_s, transport)
 
     def payload(self, request: BenchRequest) -> dict:
         body = {
@@ -179,6 +189,62 @@ class OpenAICompletionsBackend:
         record.end_time = now()
         if record.finish_reason is None:
             record.error = "the stream ended without a finish_reason"
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+class NativeGenerateBackend:
+    """Streaming POST /generate of an omniwalk server, prompts sent as token ids and each
+    request's clip (if any) as a WAV data URL in `audios`. NDJSON: one line per engine
+    chunk with its `token_ids`; the last adds `finish_reason`, `usage` and any `error`."""
+
+    name = "omniwalk-generate"
+
+    def __init__(self, base_url: str, ignore_eos: bool, timeout_s: float = 600.0,
+                 transport: httpx.AsyncBaseTransport | None = None):
+        self.base_url = normalize_base_url(base_url)
+        self.ignore_eos = ignore_eos
+        self.client = _http_client(self.base_url, timeout_s, transport)
+
+    def payload(self, request: BenchRequest) -> dict:
+        body = {"prompt_token_ids": request.prompt_token_ids, "max_output_tokens": request.output_len,
+                "temperature": 0.0, "ignore_eos": self.ignore_eos, "stream": True}
+        if request.audio_url is not None:
+            body["audios"] = [request.audio_url]
+        return body
+
+    async def send(self, request: BenchRequest) -> RequestRecord:
+        record = _new_record(request)
+        body = self.payload(request)   # its data URL was encoded with the workload, untimed
+        record.send_time = now()
+        await stream_post(self.client, "/generate", body, record, self._read_lines)
+        return record
+
+    @staticmethod
+    async def _read_lines(response: httpx.Response, record: RequestRecord) -> None:
+        """NDJSON lines up to the one with a finish_reason; each timed when it is read."""
+        async for line in response.aiter_lines():
+            if not line.strip():
+                continue
+            arrived = now()
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                record.fail(f"malformed line: {line[:200]}")
+                return
+            record.arrivals.append((arrived, len(event.get("token_ids") or [])))
+            if event.get("usage"):
+                record.usage_output_tokens = event["usage"].get("output_tokens")
+            if event.get("error"):
+                record.fail(f"error: {str(event['error'])[:300]}")
+                record.finish_reason = event.get("finish_reason")
+                return
+            if event.get("finish_reason"):
+                record.finish_reason = event["finish_reason"]
+                record.end_time = arrived
+                return
+        record.fail("the stream ended without a finish_reason")
 
     async def aclose(self) -> None:
         await self.client.aclose()

@@ -4,6 +4,9 @@
         --num-requests 200 --warmup 16 --ignore-eos --json out.json
     omniwalk bench --model ~/ckpt/Qwen3-0.6B --load-format dummy --max-num-seqs 128 \\
         --concurrency 1,32,128 --ignore-eos --baseline hf --json out.json
+    omniwalk bench --model benchmarks/qwen3-omni-30b-a3b --load-format dummy --audio-seconds 10 \\
+        --concurrency 1,16 --input-len 64 --output-len 128 --ignore-eos
+        (audio in, text out: one synthetic clip per request; over HTTP through /generate)
     omniwalk bench --tts --url http://127.0.0.1:8000 --concurrency 1,16 --output-len 700 --ignore-eos
         (text to speech: time to first audio, real-time factor, streaming viability; see tts.py)
     omniwalk bench --asr --model tiny-whisper --concurrency 1,4 --audio-seconds 30 --output-len 64
@@ -24,15 +27,17 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from omniwalk.bench.backends import InProcessBackend, OpenAICompletionsBackend, served_model_name
+from omniwalk.bench.backends import (
+    InProcessBackend, NativeGenerateBackend, OpenAICompletionsBackend, served_model_name,
+)
 from omniwalk.bench.metrics import DEFINITIONS, summarize
 from omniwalk.bench.report import (
     exit_status, format_definitions, format_summary, machine_info, now_iso, run_summary_where, write_json,
 )
 from omniwalk.bench.runner import PhaseResult, Progress, run_phase
 from omniwalk.bench.workload import (
-    MEASURED, WARMUP, LengthRange, arrival_gaps, file_requests, normal_vocabulary, read_prompts,
-    synthetic_requests,
+    MEASURED, WARMUP, LengthRange, arrival_gaps, check_audio_seconds, file_requests, normal_vocabulary,
+    read_prompts, synthetic_requests, with_audio,
 )
 
 DEFAULT_MODEL = "tiny-qwen3"
@@ -61,7 +66,11 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                           help=f"measured requests per run (default {DEFAULT_SYNTHETIC_REQUESTS}, "
                                f"or the file's prompts)")
     workload.add_argument("--warmup", type=int, default=0, help="requests sent first at each run, not measured")
-    workload.add_argument("--seed", type=int, default=0, help="seed of prompts, lengths and arrivals")
+    workload.add_argument("--audio-seconds", type=float, default=None, metavar="S",
+                          help="audio in: each request also carries one seeded synthetic clip of S seconds "
+                               "(16 kHz, 0 < S <= 600); over HTTP sent to /generate as a WAV data URL. "
+                               "With --asr: the clip of each request")
+    workload.add_argument("--seed", type=int, default=0, help="seed of prompts, lengths, clips and arrivals")
     workload.add_argument("--ignore-eos", action="store_true", help="ask for exactly max_tokens ids per request")
     workload.add_argument("--concurrency", default=None,
                           help="requests in flight: one value or a list (1,32,128: one run each). Closed loop; "
@@ -135,7 +144,14 @@ def build_workload(args: argparse.Namespace, tokenizer) -> tuple[list, list]:
             return synthetic_requests(n, input_len, output_len, vocabulary, args.seed, stream)
     if num < 1 or args.warmup < 0:
         raise ValueError("--num-requests must be >= 1 and --warmup >= 0")
-    return make(args.warmup, WARMUP), make(num, MEASURED)
+    warmup, measured = make(args.warmup, WARMUP), make(num, MEASURED)
+    if args.audio_seconds is None:
+        return warmup, measured
+    check_audio_seconds(args.audio_seconds)
+    # over HTTP each clip travels as a WAV data URL: encoded here, once, before any run is timed
+    data_urls = bool(args.url)
+    return (with_audio(warmup, args.audio_seconds, args.seed, WARMUP, data_urls),
+            with_audio(measured, args.audio_seconds, args.seed, MEASURED, data_urls))
 
 
 def _engine_args(args: argparse.Namespace):
@@ -159,6 +175,11 @@ def _arrival_label(concurrency: int | None, rate: float | None) -> str:
 @contextlib.contextmanager
 def backend_factory(args: argparse.Namespace):
     """Yields (description, engine or None, a function making a fresh backend inside an event loop)."""
+    if args.url and args.audio_seconds is not None:   # /v1/completions takes no audio
+        def make():
+            return NativeGenerateBackend(args.url, args.ignore_eos, args.request_timeout)
+        yield f"{args.url} /generate with audio, model {args.model!r}", None, make
+        return
     if args.url:
         def make():
             return OpenAICompletionsBackend(args.url, args.model, args.ignore_eos, args.request_timeout)
@@ -252,6 +273,9 @@ def run_bench(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         concurrencies = [None] if args.request_rate is not None else [1]
     if args.baseline == "hf" and None in concurrencies:
         raise ValueError("--baseline hf needs --concurrency: it is the baseline's batch size")
+    if args.baseline == "hf" and args.audio_seconds is not None:
+        raise ValueError("--baseline hf is a text-only baseline: it cannot take --audio-seconds "
+                         "(run the audio workload without --baseline)")
     if args.url and args.model is None:
         args.model = served_model_name(args.url)
     args.model = args.model or DEFAULT_MODEL
@@ -288,7 +312,8 @@ def _config(args, target: str, engine_args: dict | None, concurrencies) -> dict:
         "target": target, "url": args.url, "model": args.model, "tokenizer": args.tokenizer or args.model,
         "engine_args": engine_args, "input_len": None if args.prompts_file else args.input_len,
         "output_len": args.output_len, "prompts_file": args.prompts_file, "num_requests": args.num_requests,
-        "warmup": args.warmup, "seed": args.seed, "ignore_eos": args.ignore_eos, "concurrency": concurrencies,
+        "audio_seconds": args.audio_seconds, "warmup": args.warmup, "seed": args.seed,
+        "ignore_eos": args.ignore_eos, "concurrency": concurrencies,
         "request_rate": args.request_rate, "baseline": args.baseline,
         "hf": None if args.baseline != "hf" else {
             "model": args.hf_model or args.model, "modes": args.hf_modes,

@@ -17,6 +17,10 @@ Each mode runs `warmup_batches` untimed batches first (compilation happens there
 tokens generated (rows x L, checked against the returned tensor) per second of `generate`.
 With ranged lengths the tokens generated exceed the tokens the workload asked for; both are
 reported.
+
+The model is `AutoModelForCausalLM`'s or, for a config that it does not map (Qwen3-Omni's
+thinker), the class named in the config's `architectures`. Prompts are token ids only: the
+bench refuses this baseline for an audio-in workload.
 """
 
 from __future__ import annotations
@@ -66,14 +70,33 @@ def load_hf_model(config: HFBaselineConfig):
 
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
+    hf_config = AutoConfig.from_pretrained(config.model)
+    model_class = hf_model_class(hf_config)
     if config.load_format == "dummy":
-        hf_config = AutoConfig.from_pretrained(config.model)
         torch.manual_seed(0)
         with torch.device(device):
-            model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
+            if model_class is AutoModelForCausalLM:
+                model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
+            else:
+                model = model_class._from_config(hf_config, dtype=dtype)
     else:
-        model = AutoModelForCausalLM.from_pretrained(config.model, dtype=dtype).to(device)
+        model = model_class.from_pretrained(config.model, dtype=dtype).to(device)
     return model.eval()
+
+
+def hf_model_class(hf_config):
+    """AutoModelForCausalLM when it maps the config, else the class its `architectures` names:
+    Qwen3-Omni's thinker (`qwen3_omni_moe_thinker`) is mapped under image-text-to-text only,
+    and its `generate` takes text-only input ids as a causal LM's does."""
+    import transformers
+
+    if type(hf_config) in transformers.AutoModelForCausalLM._model_mapping:
+        return transformers.AutoModelForCausalLM
+    for name in getattr(hf_config, "architectures", None) or []:
+        if hasattr(transformers, name):
+            return getattr(transformers, name)
+    raise ValueError(f"--baseline hf: transformers maps no causal LM to model type {hf_config.model_type!r}, "
+                     f"and the config's architectures ({hf_config.architectures}) name no transformers class")
 
 
 def make_batches(requests: list[BenchRequest], batch_size: int,

@@ -40,6 +40,8 @@ DEFINITIONS = {
            "`data: [DONE]`)",
     "throughput": "completed requests, their output ids and their prompt tokens divided by the "
                   "duration: first request sent -> last request complete (warmup excluded)",
+    "audio s / s": "with --audio-seconds: the input audio of completed requests (seconds) divided by "
+                   "the duration, as the throughputs",
     "output ids": "counted from the token ids the server returned, never from re-tokenized text; "
                   "a server that returns none is counted from usage.completion_tokens (or chunks) "
                   "and the run is labelled NOT id-based",
@@ -151,6 +153,8 @@ class RunSummary:
     request_throughput: float
     output_throughput: float
     input_throughput: float
+    audio_seconds: float | None        # input audio of completed requests; None: no request carried audio
+    audio_seconds_per_s: float | None  # audio_seconds / duration_s
     ttft: Stats
     tpot: Stats
     itl_per_token: Stats | None        # None: not measurable (the server sent no ids)
@@ -208,6 +212,7 @@ def summarize(records: list[RequestRecord], start: float, end: float, ignore_eos
     rate = (lambda amount: amount / duration) if duration > 0 else (lambda amount: 0.0)
     prompt_tokens = sum(r.prompt_len for r in completed)
     output_tokens = sum(r.output_tokens for r in completed)
+    audio_seconds = sum(r.audio_seconds for r in completed) if any(r.audio_seconds for r in records) else None
     itl_samples = [itl_per_token(r) for r in completed]
     return RunSummary(
         num_requests=len(records), num_completed=len(completed), num_errors=errors,
@@ -218,6 +223,7 @@ def summarize(records: list[RequestRecord], start: float, end: float, ignore_eos
         count_source=_count_source(records),
         request_throughput=rate(len(completed)), output_throughput=rate(output_tokens),
         input_throughput=rate(prompt_tokens),
+        audio_seconds=audio_seconds, audio_seconds_per_s=None if audio_seconds is None else rate(audio_seconds),
         ttft=Stats.of(v for v in map(ttft, completed) if v is not None),
         tpot=Stats.of(v for v in map(tpot, completed) if v is not None),
         itl_per_token=None if any(s is None for s in itl_samples)

@@ -83,6 +83,8 @@ def format_summary(title: str, summary: RunSummary, hf: dict | None = None,
         f"  output throughput     {s.output_throughput:.1f} tok/s",
         f"  input throughput      {s.input_throughput:.1f} tok/s",
     ]
+    if s.audio_seconds is not None:
+        lines.append(f"  input audio           {s.audio_seconds:.1f} s, {s.audio_seconds_per_s:.2f} audio s / s")
     if gpu_peak_bytes is not None:
         lines.append(f"  GPU peak allocated    {gpu_peak_bytes / 2**30:.2f} GiB")
     lines += [

@@ -120,6 +120,8 @@ def run_tts_bench(args: argparse.Namespace, argv: list[str] | None = None) -> in
     """`omniwalk bench --tts`; the exit status as `run_bench`'s: 0, or 1 when any request failed."""
     if args.baseline is not None:
         raise ValueError("--baseline is for text generation, not --tts")
+    if args.audio_seconds is not None:
+        raise ValueError("--audio-seconds is for text workloads (audio in, text out) and --asr, not --tts")
     concurrencies = parse_concurrency(args.concurrency)
     if concurrencies is None:
         concurrencies = [None] if args.request_rate is not None else [1]

@@ -4,24 +4,33 @@
     normal_vocabulary(tokenizer)                  the ids a random prompt may use
     synthetic_requests(n, input_len, output_len, vocabulary, seed, stream)
     file_requests(prompts, tokenizer, n, output_len, seed, stream)
+    with_audio(requests, seconds, seed, stream)   each request with one seeded clip (audio in)
     arrival_gaps(n, request_rate, seed)           closed loop (all 0) or seeded Poisson gaps
 
 Every request carries token ids, never text: a benchmark that re-tokenizes text counts
-something other than what the server produced. Draws are seeded per purpose (`stream`):
+something other than what the server produced. An audio-in workload (`--audio-seconds`)
+adds one synthetic clip per request; the prompt stays random ids (a frontend that reads
+audio puts the clip's placeholder first when the prompt has none). Draws are seeded per purpose (`stream`):
 the measured requests are the same with or without warmup, and the same at every
 concurrency of one invocation.
 """
 
 from __future__ import annotations
 
+import base64
+import io
 import json
-from dataclasses import dataclass
+import wave
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
 # seed streams: one generator per purpose, so changing one draw never shifts another
-MEASURED, WARMUP, ARRIVALS = 0, 1, 2
+MEASURED, WARMUP, ARRIVALS, AUDIO = 0, 1, 2, 3
+
+SAMPLE_RATE = 16000          # of every synthetic clip (mono float32)
+MAX_AUDIO_SECONDS = 600.0
 
 
 @dataclass(frozen=True)
@@ -57,15 +66,25 @@ class LengthRange:
 
 @dataclass(frozen=True)
 class BenchRequest:
-    """One request of a workload: prompt ids and the output budget (max_tokens) it asks for."""
+    """One request of a workload: prompt ids and the output budget (max_tokens) it asks for;
+    in an audio-in workload also one clip, built with the workload so that no timed run
+    synthesizes or encodes audio."""
 
     index: int
     prompt_token_ids: list[int]
     output_len: int
+    # audio: [samples] float32 mono at SAMPLE_RATE (in-process); audio_url: the same clip as a
+    # 16-bit PCM WAV data URL (HTTP), None unless asked for
+    audio: np.ndarray | None = field(default=None, compare=False, repr=False)
+    audio_url: str | None = field(default=None, compare=False, repr=False)
 
     @property
     def prompt_len(self) -> int:
         return len(self.prompt_token_ids)
+
+    @property
+    def audio_seconds(self) -> float:
+        return 0.0 if self.audio is None else len(self.audio) / SAMPLE_RATE
 
 
 def normal_vocabulary(tokenizer, model_vocab_size: int | None = None) -> np.ndarray:
@@ -121,6 +140,43 @@ def file_requests(prompts: list[str | list[int]], tokenizer, num: int, output_le
     order = range(num) if stream == MEASURED else range(len(encoded) - 1, len(encoded) - 1 - num, -1)
     return [BenchRequest(index, list(encoded[i % len(encoded)]), output_len.draw(rng))
             for index, i in enumerate(order)]
+
+
+def synthetic_clip(seconds: float, seed: list[int]) -> np.ndarray:
+    """Seeded tones with a chirp and noise: deterministic, speech-band, float32 mono 16 kHz."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(seconds * SAMPLE_RATE)) / SAMPLE_RATE
+    tones = sum(rng.uniform(0.05, 0.2) * np.sin(2 * np.pi * rng.uniform(100, 3000) * t) for _ in range(3))
+    chirp = 0.1 * np.sin(2 * np.pi * (200 + 300 * t) * t)
+    return (tones + chirp + 0.02 * rng.standard_normal(t.shape)).astype(np.float32)
+
+
+def check_audio_seconds(seconds: float) -> None:
+    if not 0 < seconds <= MAX_AUDIO_SECONDS:
+        raise ValueError(f"--audio-seconds must be > 0 and <= {MAX_AUDIO_SECONDS:g}, got {seconds}")
+
+
+def with_audio(requests: list[BenchRequest], seconds: float, seed: int, stream: int = MEASURED,
+               data_urls: bool = False) -> list[BenchRequest]:
+    """The requests, each with one clip of `seconds` seeded by (seed, stream, its index);
+    `data_urls`: each also as a WAV data URL, the form a request over HTTP carries."""
+    out = []
+    for request in requests:
+        clip = synthetic_clip(seconds, [seed, AUDIO, stream, request.index])
+        out.append(replace(request, audio=clip, audio_url=wav_data_url(clip) if data_urls else None))
+    return out
+
+
+def wav_data_url(samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> str:
+    """`data:audio/wav;base64,...`: the samples as 16-bit PCM mono WAV."""
+    pcm = np.round(np.clip(samples, -1.0, 1.0) * 32767).astype("<i2")
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(sample_rate)
+        wav.writeframes(pcm.tobytes())
+    return "data:audio/wav;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
 def arrival_gaps(num: int, request_rate: float | None, seed: int) -> list[float]:

@@ -94,3 +94,36 @@ def test_cli_runs_engine_and_baseline_on_one_folder(hf_folder, tmp_path):
     run = json.loads(path.read_text())["runs"][0]
     assert run["summary"]["output_tokens"] == 2 * 5
     assert run["hf_baseline"]["modes"]["eager"]["tokens_generated"] == 2 * 5
+
+
+@pytest.mark.slow
+def test_a_config_auto_causal_lm_does_not_map_loads_its_architecture(tmp_path):
+    """Qwen3-Omni's thinker (mapped by transformers under image-text-to-text only): the class its
+    config's `architectures` names, random weights from the config alone, text-only generate."""
+    config = transformers.Qwen3OmniMoeThinkerConfig(
+        architectures=["Qwen3OmniMoeThinkerForConditionalGeneration"],
+        audio_token_id=500, image_token_id=501, video_token_id=502, audio_start_token_id=503,
+        text_config=dict(vocab_size=512, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                         num_experts=4, num_experts_per_tok=2, max_position_embeddings=512,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3],
+                                          "mrope_interleaved": True}),
+        audio_config=dict(num_mel_bins=16, d_model=32, encoder_layers=1, encoder_attention_heads=2,
+                          encoder_ffn_dim=64, output_dim=64, downsample_hidden_size=8, max_source_positions=64,
+                          n_window=4, n_window_infer=8, conv_chunksize=8),
+        vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+                           patch_size=4, num_position_embeddings=16, deepstack_visual_indexes=[0]),
+    )
+    # as the published config.json has them (the thinker's position code reads them)
+    config.audio_end_token_id, config.vision_start_token_id, config.vision_end_token_id = 504, 505, 506
+    config.save_pretrained(tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ["config.json"]
+    baseline = HFBaseline(HFBaselineConfig(str(tmp_path), load_format="dummy", device="cpu", modes=("eager",)))
+    try:
+        assert type(baseline.model) is transformers.Qwen3OmniMoeThinkerForConditionalGeneration
+        requests = [BenchRequest(0, [5, 6, 7, 8], 3), BenchRequest(1, [9, 10, 11, 12, 13, 14], 2)]
+        result = baseline.run(requests, batch_size=2)
+    finally:
+        baseline.close()
+    # one batch of 2 rows, each generating the longest output (3)
+    assert result["modes"]["eager"]["tokens_generated"] == result["modes"]["eager"]["tokens_expected"] == 6

@@ -1,4 +1,4 @@
-"""Workloads (seeded prompts, lengths, files, arrivals) and the phase driver's concurrency."""
+"""Workloads (seeded prompts, lengths, files, clips, arrivals) and the phase driver's concurrency."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from omniwalk.bench.backends import RequestRecord
 from omniwalk.bench.cli import parse_concurrency, resolve_tokenizer
 from omniwalk.bench.runner import run_phase
 from omniwalk.bench.workload import (
-    MEASURED, WARMUP, BenchRequest, LengthRange, arrival_gaps, file_requests, normal_vocabulary, read_prompts,
-    synthetic_requests,
+    MEASURED, WARMUP, BenchRequest, LengthRange, arrival_gaps, check_audio_seconds, file_requests,
+    normal_vocabulary, read_prompts, synthetic_requests, with_audio,
 )
 
 
@@ -121,3 +121,28 @@ def test_phase_respects_concurrency(cap, rate):
     if cap is not None:
         assert backend.peak == cap
     assert result.duration > 0
+
+
+def test_audio_clips_are_seeded_per_request_and_of_the_asked_length():
+    requests = [BenchRequest(i, [5, 6], 3) for i in range(3)]
+    first = with_audio(requests, 1.25, seed=4)
+    assert first == requests   # the prompts and budgets are untouched
+    assert all(r.audio.dtype == np.float32 and r.audio.shape == (20000,) for r in first)
+    assert all(r.audio_seconds == 1.25 and r.audio_url is None for r in first)
+    assert all(0 < np.abs(r.audio).max() < 1 for r in first)
+    again = with_audio(requests, 1.25, seed=4)
+    assert all(np.array_equal(a.audio, b.audio) for a, b in zip(first, again))
+    assert not np.array_equal(first[0].audio, first[1].audio)   # one clip per request
+    other_seed, warmup = with_audio(requests, 1.25, seed=5), with_audio(requests, 1.25, seed=4, stream=WARMUP)
+    assert not np.array_equal(first[0].audio, other_seed[0].audio)
+    assert not np.array_equal(first[0].audio, warmup[0].audio)
+    # request i's clip does not depend on how many requests there are
+    assert np.array_equal(with_audio(requests[2:], 1.25, seed=4)[0].audio, first[2].audio)
+    assert BenchRequest(0, [5], 1).audio_seconds == 0.0
+
+
+@pytest.mark.parametrize("seconds", [0.0, -1.0, 600.5, float("nan")])
+def test_audio_seconds_out_of_range(seconds):
+    with pytest.raises(ValueError, match="--audio-seconds"):
+        check_audio_seconds(seconds)
+    check_audio_seconds(600.0)
