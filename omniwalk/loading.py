@@ -234,13 +234,24 @@ def generation_eos(folder: Path, default: tuple[int, ...]) -> frozenset[int]:
     return frozenset(default)
 
 
+# Above this many parameters random weights are drawn on the GPU (seconds, not minutes of
+# CPU sampling); their values then differ from a CPU draw of the same seed.
+LARGE_RANDOM_MODEL = 4_000_000_000
+
+
 def build_module(make, device: torch.device, dtype: torch.dtype, random_weights: bool, seed: int,
                  folder: Path | None, rename=None) -> torch.nn.Module:
     """`make()` built on `device` in `dtype`, filled with seeded random or checkpoint weights."""
-    with torch.device(device):
-        module = make().to(dtype)
+    default_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(dtype if dtype.is_floating_point else default_dtype)
+    try:   # built in the dtype: a 30B model never exists in fp32 on the GPU
+        with torch.device(device):
+            module = make().to(dtype)
+    finally:
+        torch.set_default_dtype(default_dtype)
     if random_weights:
-        init_random_weights(module, seed)
+        init_random_weights(module, seed, on_device=device.type == "cuda"
+                            and sum(p.numel() for p in module.parameters()) > LARGE_RANDOM_MODEL)
     else:
         skipped = load_checkpoint_weights(module, folder, rename=rename)
         if skipped:

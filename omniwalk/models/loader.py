@@ -138,15 +138,18 @@ def _load_one(name: str, param: nn.Parameter, tensor: torch.Tensor) -> None:
 
 
 @torch.no_grad()
-def init_random_weights(model: nn.Module, seed: int) -> None:
+def init_random_weights(model: nn.Module, seed: int, on_device: bool = False) -> None:
     """Deterministic weights for tests and demos: N(0, 0.02) for matrices and embeddings,
     zeros for biases, the neutral scale for norms (ones; zeros where the norm scales by
     `1 + weight`).
 
     Values are drawn on the CPU in fp32 from a private generator, so they depend only on
-    `seed` and the model's shape: not on global RNG state, device or dtype.
+    `seed` and the model's shape: not on global RNG state, device or dtype. `on_device`:
+    drawn on the parameters' device instead (a benchmark's tens of GB of random weights;
+    the values then depend on the device too).
     """
-    generator = torch.Generator(device="cpu").manual_seed(seed)
+    device = next(model.parameters()).device if on_device else torch.device("cpu")
+    generator = torch.Generator(device=device).manual_seed(seed)
     norm_weights = {id(m.weight): getattr(m, "init_weight", 1.0) for m in model.modules() if _is_norm(m)}
     for name, param in model.named_parameters():
         if id(param) in norm_weights:
@@ -154,8 +157,8 @@ def init_random_weights(model: nn.Module, seed: int) -> None:
         elif name.endswith(".bias"):
             param.zero_()
         else:
-            values = torch.empty(param.shape, dtype=torch.float32).normal_(0.0, 0.02, generator=generator)
-            param.copy_(values)
+            values = torch.empty(param.shape, dtype=torch.float32, device=device)
+            param.copy_(values.normal_(0.0, 0.02, generator=generator))
 
 
 def _is_norm(module: nn.Module) -> bool:

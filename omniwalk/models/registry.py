@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from omniwalk.models import decoder_lm, orpheus, qwen3_5, whisper
+from omniwalk.models import decoder_lm, orpheus, qwen3_5, qwen3_omni, whisper
 from omniwalk.models.family import ModelFamily
 
 TINY_TOKENIZER = Path(__file__).parent / "assets" / "tiny-tokenizer"
@@ -31,7 +31,7 @@ def unregister(name: str) -> None:
     BUILTIN_MODELS.pop(f"tiny-{name}")
 
 
-for _family in (decoder_lm.QWEN3, decoder_lm.LLAMA, qwen3_5.FAMILY, orpheus.FAMILY, whisper.FAMILY):
+for _family in (decoder_lm.QWEN3, decoder_lm.LLAMA, qwen3_5.FAMILY, orpheus.FAMILY, whisper.FAMILY, qwen3_omni.FAMILY):
     register(_family)
 
 

@@ -6,6 +6,7 @@ mixed batches; a bad item fails alone; prefix caching keyed by media content."""
 from __future__ import annotations
 
 import io
+import json
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 from transformers import (  # noqa: E402
-    Qwen2VLImageProcessor, Qwen3OmniMoeThinkerConfig, Qwen3OmniMoeThinkerForConditionalGeneration,
+    Qwen2VLImageProcessorPil, Qwen3OmniMoeThinkerConfig, Qwen3OmniMoeThinkerForConditionalGeneration,
     WhisperFeatureExtractor,
 )
 
@@ -58,6 +59,7 @@ def checkpoint(tmp_path_factory):
                 param.add_(torch.randn_like(param) * 0.3)
     folder = tmp_path_factory.mktemp("qwen3-omni-thinker")
     model.save_pretrained(folder)
+    (folder / "preprocessor_config.json").write_text(json.dumps(PREPROCESSING | {"feature_size": MELS}))
     return folder, model
 
 
@@ -68,9 +70,12 @@ def engine(checkpoint):
         yield engine
 
 
+PREPROCESSING = dict(patch_size=PATCH, merge_size=MERGE, temporal_patch_size=TEMPORAL, min_pixels=MIN_PIXELS,
+                     max_pixels=MAX_PIXELS, image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
+
+
 def image_processor():
-    return Qwen2VLImageProcessor(patch_size=PATCH, merge_size=MERGE, temporal_patch_size=TEMPORAL,
-                                 min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS)
+    return Qwen2VLImageProcessorPil(**PREPROCESSING)
 
 
 def image(seed: int, height: int = 20, width: int = 28) -> np.ndarray:

@@ -14,6 +14,7 @@ from typing import Any
 
 from omniwalk.layers.config import DecoderConfig, decoder_config_from_hf
 from omniwalk.models.qwen3_omni.encoder_config import AudioEncoderConfig, VisionEncoderConfig
+from omniwalk.models.qwen3_omni.media import AudioSettings, ImageSettings
 
 #: the text that marks one media item's place in a prompt (Qwen3-Omni's chat template)
 MEDIA_MARKER_TOKENS = {
@@ -56,6 +57,9 @@ class ThinkerConfig:
     tokens: MediaTokens
     audio: AudioEncoderConfig
     vision: VisionEncoderConfig
+    # preprocessing (the folder's preprocessor_config.json, read at load; else the defaults)
+    image_settings: ImageSettings = ImageSettings()
+    audio_settings: AudioSettings = AudioSettings()
 
     def __post_init__(self):
         if sum(self.mrope_section) != self.text.rotary_dim // 2:
@@ -93,6 +97,8 @@ def thinker_config_from_hf(hf: dict[str, Any]) -> ThinkerConfig:
     if text.get("sliding_window") and text.get("use_sliding_window"):
         raise ValueError("sliding-window attention is not supported")
     ids = thinker
+    audio = AudioEncoderConfig.from_hf(thinker.get("audio_config") or {})
+    vision = VisionEncoderConfig.from_hf(thinker.get("vision_config") or {})
     return ThinkerConfig(
         text=decoder_config_from_hf(text, qk_norm=True),
         num_experts=text["num_experts"],
@@ -109,8 +115,11 @@ def thinker_config_from_hf(hf: dict[str, Any]) -> ThinkerConfig:
             audio_end=ids.get("audio_end_token_id", 151648), vision_start=ids.get("vision_start_token_id", 151652),
             vision_end=ids.get("vision_end_token_id", 151653),
         ),
-        audio=AudioEncoderConfig.from_hf(thinker.get("audio_config") or {}),
-        vision=VisionEncoderConfig.from_hf(thinker.get("vision_config") or {}),
+        audio=audio,
+        vision=vision,
+        image_settings=ImageSettings(patch_size=vision.patch_size, temporal_patch_size=vision.temporal_patch_size,
+                                     merge_size=vision.spatial_merge_size),
+        audio_settings=AudioSettings(num_mel_bins=audio.num_mel_bins),
     )
 
 
@@ -135,4 +144,6 @@ def tiny_config(tokenizer_size: int) -> ThinkerConfig:
                            vision_start=base + 5, vision_end=base + 6),
         audio=AudioEncoderConfig.tiny(output_dim=hidden),
         vision=VisionEncoderConfig.tiny(out_hidden_size=hidden),
+        # images of at most 64 x 64 pixels: 4 tokens each
+        image_settings=ImageSettings(min_pixels=32 * 32, max_pixels=64 * 64),
     )

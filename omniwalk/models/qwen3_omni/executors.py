@@ -189,7 +189,9 @@ class ThinkerExecutor(CausalLMExecutor):
         for sequence, count in zip(sequences, query_lens):
             start, end = sequence.num_computed, sequence.num_computed + count
             media = getattr(sequence, "media", None)
-            prompt_end = min(end, sequence.prompt_len) if media is not None and media.rope is not None else start
+            # the prompt's own (t, h, w) positions up to prompt_end, then text positions
+            prompt_end = (max(start, min(end, sequence.prompt_len)) if media is not None and media.rope is not None
+                          else start)
             if prompt_end > start:
                 rope.append(media.rope[:, start:prompt_end])
             rope.append(np.broadcast_to(np.arange(prompt_end, end) + sequence.rope_offset, (3, end - prompt_end)))

@@ -31,9 +31,6 @@ from omniwalk.models.qwen3_omni.positions import prompt_positions
 from omniwalk.runtime import Request, StopConfig, StreamParams
 from omniwalk.tokenizer import encode
 
-AUDIO_SAMPLING_RATE = 16_000
-
-
 class ThinkerTextFrontend(TextFrontend):
     """`TextFrontend` whose prompts may hold images and audio."""
 
@@ -74,6 +71,10 @@ class ThinkerTextFrontend(TextFrontend):
         tokens = self.config.tokens
         images = [item for item in request.media if isinstance(item, ImageInput)]
         audios = [item for item in request.media if isinstance(item, AudioInput)]
+        if request.media and tokens.image not in ids and tokens.audio not in ids:
+            # no placeholder at all: the items go first, in order (as a chat message whose
+            # media parts come before its text)
+            ids = [marker for item in request.media for marker in self._marker_ids(item)] + ids
         for kind, pad, items in (("image", tokens.image, images), ("audio", tokens.audio, audios)):
             found = ids.count(pad)
             if found != len(items):
@@ -105,6 +106,10 @@ class ThinkerTextFrontend(TextFrontend):
         positions = prompt_positions(expanded, tokens.image, grids, self.config.position_id_per_seconds)
         return expanded, ThinkerRequest(expanded, positions, tuple(spans), tuple(features), tuple(patches), keys)
 
+    def _marker_ids(self, item) -> list[int]:
+        kind = "image" if isinstance(item, ImageInput) else "audio"
+        return [self.marker_ids[token] for token in MEDIA_MARKER_TOKENS[kind]]
+
     def _image(self, item: ImageInput) -> ImagePatches:
         try:
             patches, grid = self.image_processor(decode_image(item.data))
@@ -114,7 +119,7 @@ class ThinkerTextFrontend(TextFrontend):
 
     def _audio(self, item: AudioInput) -> torch.Tensor:
         try:
-            samples = load_audio(item.data, AUDIO_SAMPLING_RATE)
+            samples = load_audio(item.data, self.config.audio_settings.sampling_rate)
             return torch.as_tensor(self.audio_processor(samples))
         except ValueError as exc:
             raise ValueError(f"{item.name}: {exc}") from None
@@ -130,8 +135,8 @@ def thinker_frontends(loaded) -> list[ThinkerTextFrontend]:
     """Text generation with media, over the loaded Thinker's one text stream."""
     config: ThinkerConfig = loaded.config
     return [ThinkerTextFrontend(
-        config=config, image_processor=ImageProcessor.for_vision(config.vision),
-        audio_processor=AudioProcessor(config.audio.num_mel_bins),
+        config=config, image_processor=ImageProcessor(config.image_settings),
+        audio_processor=AudioProcessor(config.audio_settings),
         tokenizer=loaded.tokenizer, vocab_size=config.vocab_size, max_model_len=loaded.max_model_len,
         kv_capacity_tokens=loaded.kv_capacity_tokens, eos_token_ids=loaded.eos_token_ids, stream=TEXT_STREAM)]
 
