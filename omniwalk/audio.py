@@ -5,6 +5,18 @@ Bytes of an audio file (WAV, FLAC, MP3, OGG: whatever libsndfile reads, through
 by FFT (an ideal low-pass: the spectrum is cut or zero-extended to the new length).
 A numpy array is taken as samples already at the model's rate.
 Unreadable or empty audio raises ValueError with a message a client can act on.
+
+The file's header is checked before anything is decoded, so a small file cannot make the
+server decode or resample a huge signal (a 20 KB WAV claiming 1 Hz would be resampled to
+2.8 hours at 16 kHz; a 30 KB FLAC of silence holds 10 minutes):
+
+    sample rate    MIN_SAMPLE_RATE .. MAX_SAMPLE_RATE Hz (4 kHz .. 384 kHz)
+    channels       1 .. MAX_CHANNELS (8)
+    duration       at most `max_seconds` (the caller's cap; MEDIA_MAX_SECONDS = 600 for
+                   audio inside a chat or /generate request; None: no cap)
+    samples        frames x channels at most `max_seconds` x 96,000 (what `max_seconds`
+                   of 48 kHz stereo holds), so a short 384 kHz 8-channel file cannot
+                   decode to gigabytes either
 """
 
 from __future__ import annotations
@@ -13,21 +25,59 @@ import io
 
 import numpy as np
 
+MIN_SAMPLE_RATE, MAX_SAMPLE_RATE = 4_000, 384_000
+MAX_CHANNELS = 8
+#: the duration cap of an audio item in a text request (chat, /generate)
+MEDIA_MAX_SECONDS = 600.0
+#: decoded samples (all channels) allowed per second of the duration cap: 48 kHz stereo
+SAMPLES_PER_CAPPED_SECOND = 2 * 48_000
 
-def decode_audio(data: bytes, sampling_rate: int) -> np.ndarray:
-    """Bytes of an audio file -> [samples] float32 mono at `sampling_rate`."""
+
+def check_audio_header(rate: int, channels: int, frames: int, max_seconds: float | None = None) -> None:
+    """ValueError unless a file whose header says `rate` Hz, `channels` channels and
+    `frames` frames is safe to decode (the limits in the module docstring)."""
+    if not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:
+        raise ValueError(f"the audio's sample rate is {rate} Hz; {MIN_SAMPLE_RATE} to {MAX_SAMPLE_RATE} Hz "
+                         f"are accepted")
+    if not 1 <= channels <= MAX_CHANNELS:
+        raise ValueError(f"the audio has {channels} channels; 1 to {MAX_CHANNELS} are accepted")
+    if max_seconds is None:
+        return
+    seconds = frames / rate
+    if seconds > max_seconds:
+        raise ValueError(f"the audio is {seconds:.1f} s long; at most {max_seconds:g} s are accepted")
+    if frames * channels > max_seconds * SAMPLES_PER_CAPPED_SECOND:
+        raise ValueError(f"the audio has {frames * channels} samples ({channels} channels at {rate} Hz); at most "
+                         f"{int(max_seconds * SAMPLES_PER_CAPPED_SECOND)} are accepted ({max_seconds:g} s of "
+                         f"48 kHz stereo)")
+
+
+def decode_audio(data: bytes, sampling_rate: int, max_seconds: float | None = None) -> np.ndarray:
+    """Bytes of an audio file -> [samples] float32 mono at `sampling_rate`; the header is
+    checked first (`check_audio_header`, duration capped at `max_seconds`)."""
     import soundfile
 
     if not data:
         raise ValueError("the audio file is empty")
     try:
-        samples, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
+        file = soundfile.SoundFile(io.BytesIO(data))
     except Exception as exc:   # soundfile raises LibsndfileError / RuntimeError / TypeError by cause
-        # soundfile's message names an in-memory object; the client only needs the reason
-        reason = str(exc).split(": ", 1)[-1] if "BytesIO" in str(exc) else str(exc)
-        raise ValueError(f"could not decode the audio file (WAV, FLAC, MP3 or OGG expected): {reason}") from None
+        raise _unreadable(exc) from None
+    with file:
+        rate = file.samplerate
+        check_audio_header(rate, file.channels, file.frames, max_seconds)
+        try:
+            samples = file.read(dtype="float32", always_2d=True)
+        except Exception as exc:
+            raise _unreadable(exc) from None
     mono = samples.mean(axis=1) if samples.shape[1] > 1 else samples[:, 0]
     return resample(mono, rate, sampling_rate)
+
+
+def _unreadable(exc: Exception) -> ValueError:
+    # soundfile's message names an in-memory object; the client only needs the reason
+    reason = str(exc).split(": ", 1)[-1] if "BytesIO" in str(exc) else str(exc)
+    return ValueError(f"could not decode the audio file (WAV, FLAC, MP3 or OGG expected): {reason}")
 
 
 def resample(samples: np.ndarray, rate: int, target_rate: int) -> np.ndarray:
@@ -43,10 +93,12 @@ def resample(samples: np.ndarray, rate: int, target_rate: int) -> np.ndarray:
     return out.astype(np.float32)
 
 
-def load_audio(audio: np.ndarray | bytes | bytearray | memoryview, sampling_rate: int) -> np.ndarray:
-    """A request's audio (file bytes, or samples at `sampling_rate`) -> [samples] float32, checked."""
+def load_audio(audio: np.ndarray | bytes | bytearray | memoryview, sampling_rate: int,
+               max_seconds: float | None = None) -> np.ndarray:
+    """A request's audio (file bytes, or samples at `sampling_rate`) -> [samples] float32, checked
+    (at most `max_seconds` long when given)."""
     if isinstance(audio, (bytes, bytearray, memoryview)):
-        samples = decode_audio(bytes(audio), sampling_rate)
+        samples = decode_audio(bytes(audio), sampling_rate, max_seconds)
     elif isinstance(audio, np.ndarray):
         if audio.ndim != 1:
             raise ValueError(f"audio samples must be mono, shape [samples]; got shape {audio.shape}")
@@ -57,6 +109,9 @@ def load_audio(audio: np.ndarray | bytes | bytearray | memoryview, sampling_rate
         raise ValueError(f"audio must be file bytes or a numpy array of samples, got {type(audio).__name__}")
     if samples.size == 0:
         raise ValueError("the audio has no samples")
+    if max_seconds is not None and samples.size > max_seconds * sampling_rate:
+        raise ValueError(f"the audio is {samples.size / sampling_rate:.1f} s long; at most {max_seconds:g} s "
+                         f"are accepted")
     if not np.isfinite(samples).all():
         raise ValueError("the audio has NaN or infinite samples")
     return samples

@@ -12,6 +12,7 @@ import logging
 import sys
 
 from omniwalk.loading import EngineArgs
+from omniwalk.server.media import DEFAULT_MAX_MEDIA_BYTES
 
 _DEFAULTS = EngineArgs()
 
@@ -63,6 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--served-model-name", default=None, help="the name /v1 requests use (default: MODEL)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    media = serve.add_argument_group("media (image and audio parts of requests, on a model that takes them)")
+    media.add_argument("--allowed-local-media-path", default=None, metavar="DIR",
+                       help="requests may name local files (file:// URLs or paths) under DIR, after symlinks "
+                            "(default: none; data: URLs only)")
+    media.add_argument("--max-media-bytes", type=int, default=DEFAULT_MAX_MEDIA_BYTES,
+                       help="the most bytes one image or audio item may have (default: 20 MiB)")
     _add_engine_flags(serve)
 
     generate = commands.add_parser("generate", help="generate once, in-process, and print the text")

@@ -5,6 +5,15 @@ bytes; the frontend of a model that reads media decodes and preprocesses them (t
 family's own resize, patching and audio features) and raises ValueError naming the
 item (`name`) when one cannot be used. A prompt marks where each item goes with the
 model's placeholder (`Frontend.media_markers`), in order.
+
+What the HTTP server hands a frontend (omniwalk/server/media.py): a request with media
+always has a text `prompt` (never `prompt_token_ids`; a chat is the chat template's text)
+holding exactly one marker per item, in the items' order; items are file bytes of at
+most --max-media-bytes. Audio bytes are to be decoded with
+`omniwalk.audio.load_audio(data, rate, max_seconds=MEDIA_MAX_SECONDS)`, which checks the
+file's header (rate, channels, duration) before decoding. The server submits a request
+with media from a worker thread, so `prepare` may decode there without stalling the
+event loop.
 """
 
 from __future__ import annotations

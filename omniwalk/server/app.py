@@ -9,7 +9,8 @@ Routes:
                                  on a speech model: base64 PCM chunks)
     GET  /v1/models              the served model                             (openai_api.py)
     POST /v1/completions         OpenAI completions, JSON or SSE             (openai_api.py)
-    POST /v1/chat/completions    OpenAI chat completions, JSON or SSE        (openai_api.py)
+    POST /v1/chat/completions    OpenAI chat completions, JSON or SSE        (openai_api.py; image
+                                 and audio content parts on a model that takes them: media.py)
     POST /v1/audio/speech        OpenAI text to speech: a file, chunked audio or SSE (speech.py;
                                  a model without the speech capability answers 400)
     POST /v1/audio/transcriptions  OpenAI speech recognition: multipart upload -> json, text, verbose_json,
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -43,6 +45,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from omniwalk.api import Engine
 from omniwalk.capabilities import Capability
 from omniwalk.server.generation import ServerContext
+from omniwalk.server.media import DEFAULT_MAX_MEDIA_BYTES, MediaOptions
 from omniwalk.server.metrics import ServerMetrics
 from omniwalk.server.native import native_router
 from omniwalk.server.openai_api import openai_router
@@ -56,10 +59,12 @@ HEALTH_STALL_SECONDS = 30.0
 
 
 def build_app(engine: Engine, served_model_name: str | None = None,
-              stall_seconds: float = HEALTH_STALL_SECONDS) -> FastAPI:
-    """An app serving `engine`. It does not own the engine: shut that down yourself."""
+              stall_seconds: float = HEALTH_STALL_SECONDS, media: MediaOptions | None = None) -> FastAPI:
+    """An app serving `engine`. It does not own the engine: shut that down yourself.
+    `media`: where request media may come from and how large (default: data: URLs, 20 MiB)."""
     capabilities = engine.capabilities
-    ctx = ServerContext(engine, ServerMetrics(engine), served_model_name or engine.loaded.name)
+    ctx = ServerContext(engine, ServerMetrics(engine), served_model_name or engine.loaded.name,
+                        media or MediaOptions())
     app = FastAPI(title="omniwalk", version="0.1.0")
     app.state.ctx = ctx
     app.include_router(speech_generate_router(ctx) if ctx.produces_speech else native_router(ctx))
@@ -145,6 +150,7 @@ def serve(args) -> None:
 
     engine_args = EngineArgs(**{name: getattr(args, name) for name in EngineArgs.__dataclass_fields__
                                 if hasattr(args, name)})
+    media = media_options(args)   # bad flags fail before the model loads
     engine = Engine(engine_args)
     loaded = engine.loaded
     name = getattr(args, "served_model_name", None) or loaded.name
@@ -153,12 +159,19 @@ def serve(args) -> None:
                 loaded.served.cache.shape.num_pages, loaded.served.cache.shape.page_size)
     if loaded.random_weights:
         logger.warning(random_weights_banner(loaded.name))
-    app = build_app(engine, served_model_name=name)
+    app = build_app(engine, served_model_name=name, media=media)
     try:
         uvicorn.run(app, host=getattr(args, "host", "127.0.0.1"), port=getattr(args, "port", 8000),
                     log_level=getattr(args, "log_level", "info"))
     finally:
         engine.shutdown()
+
+
+def media_options(args) -> MediaOptions:
+    """`--allowed-local-media-path` and `--max-media-bytes` (ValueError when bad)."""
+    folder = getattr(args, "allowed_local_media_path", None)
+    return MediaOptions(allowed_local_media_path=Path(folder) if folder else None,
+                        max_media_bytes=getattr(args, "max_media_bytes", DEFAULT_MAX_MEDIA_BYTES))
 
 
 def random_weights_banner(model: str) -> str:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 from fastapi import APIRouter
@@ -32,6 +32,7 @@ from omniwalk.capabilities import Capability
 from omniwalk.capabilities.text import GenerationChunk, GenerationRequest
 from omniwalk.engine.causal_lm_executor import TokenLogprobs
 from omniwalk.runtime import QueueFullError
+from omniwalk.server.media import MediaOptions, MediaRef, load_media, name_the_item
 from omniwalk.server.metrics import RequestRecord, ServerMetrics
 from omniwalk.server.protocol import ApiError
 
@@ -43,6 +44,7 @@ class ServerContext:
     engine: Engine
     metrics: ServerMetrics
     model_name: str                                        # what `model` must say on /v1 routes
+    media: MediaOptions = field(default_factory=MediaOptions)
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
@@ -51,12 +53,42 @@ class ServerContext:
         capabilities = self.engine.capabilities
         return Capability.SPEECH in capabilities and Capability.TEXT not in capabilities
 
-    def submit(self, requests: list[GenerationRequest], request_id: str) -> "Generation":
-        """Text generations (the completion routes)."""
+    def check_generates_text(self) -> None:
         if self.produces_speech:
             raise ApiError(400, f"model {self.model_name!r} produces speech, not text: use POST /v1/audio/speech",
                            "model")
-        return Generation(self, requests, request_id)
+
+    @property
+    def media_markers(self) -> dict[str, str]:
+        """Media kind -> its prompt marker, of the kinds the text frontend takes (none: {})."""
+        if Capability.TEXT not in self.engine.capabilities:
+            return {}
+        return self.engine.frontend(Capability.TEXT).media_markers
+
+    def submit(self, requests: list[GenerationRequest], request_id: str,
+               loop: asyncio.AbstractEventLoop | None = None) -> "Generation":
+        """Text generations (the completion routes). `loop`: the event loop the chunks go to,
+        when this runs on a worker thread (a request whose frontend decodes media)."""
+        self.check_generates_text()
+        return Generation(self, requests, request_id, loop=loop)
+
+    async def submit_with_media(self, requests: list[GenerationRequest], request_id: str,
+                                media: list[MediaRef]) -> "Generation":
+        """Text generations whose prompt has a marker for each of `media`: on a worker thread,
+        the media's bytes are read (base64, files) and the frontend decodes them (`Engine.submit`),
+        so the event loop keeps serving other requests meanwhile."""
+        if not media:
+            return self.submit(requests, request_id)
+        loop = asyncio.get_running_loop()
+
+        def load_and_submit() -> Generation:
+            inputs = load_media(media, self.media)
+            try:
+                return self.submit([replace(r, media=inputs) for r in requests], request_id, loop)
+            except ApiError as exc:   # the frontend's error about one item: name it in `param`
+                raise name_the_item(exc, inputs) from None
+
+        return await asyncio.to_thread(load_and_submit)
 
 
 @dataclass
@@ -86,11 +118,12 @@ Submit = Callable[[Any, str, asyncio.AbstractEventLoop], RequestStream]
 class Generation:
     """The engine requests of one HTTP request (of any capability; `submit` to wrap the engine's)."""
 
-    def __init__(self, ctx: ServerContext, requests: list, request_id: str, submit: Submit | None = None):
+    def __init__(self, ctx: ServerContext, requests: list, request_id: str, submit: Submit | None = None,
+                 loop: asyncio.AbstractEventLoop | None = None):
         if not ctx.engine.is_alive:
             raise ApiError(503, f"the engine is not running ({ctx.engine.loop_error!r})")
         start = time.monotonic()
-        loop = asyncio.get_running_loop()
+        loop = loop or asyncio.get_running_loop()
         self.request_id = request_id
         self.streams: list[RequestStream] = []
         submit = submit or (lambda request, sub_id, loop: ctx.engine.submit(request, sub_id, loop=loop))

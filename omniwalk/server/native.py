@@ -13,6 +13,12 @@ Streamed answer (`"stream": true`): NDJSON, one line per engine chunk
 The joined `text` of the lines equals the non-streamed text, and the joined `token_ids`
 the non-streamed ids, for the same request and seed.
 
+Media (a model whose frontend takes them): `images` and `audios`, lists of data: URLs (or
+paths under --allowed-local-media-path), named `images[0]`, `audios[1]` in errors. A text
+prompt without markers gets one per item prepended (images first); a prompt with markers
+has exactly one per item, the i-th image marker standing for images[i]. With
+`prompt_token_ids` media are a 400 (ids cannot carry markers). server/media.py has the rules.
+
 On a speech model `build_app` registers speech.py's /generate instead (audio as base64 PCM).
 """
 
@@ -30,6 +36,7 @@ from omniwalk.server.generation import (
     AbortingStreamingResponse, ClientDisconnected, Generation, ServerContext, disconnected_response,
     until_disconnected,
 )
+from omniwalk.server.media import MediaRef, check_kind, media_prompt
 from omniwalk.server.protocol import ApiError, GenerateRequest, check_stop_token_ids
 
 
@@ -38,7 +45,9 @@ def native_router(ctx: ServerContext) -> APIRouter:
 
     @router.post("/generate")
     async def generate(body: GenerateRequest, request: Request):
-        generation = ctx.submit([to_generation_request(body)], f"gen-{uuid.uuid4().hex}")
+        prompt, media = generate_prompt(body, ctx.media_markers)
+        generation = await ctx.submit_with_media([to_generation_request(body, prompt)], f"gen-{uuid.uuid4().hex}",
+                                                 media)
         if body.stream:
             return AbortingStreamingResponse(_ndjson(generation, body.logprobs is not None), generation,
                                              media_type="application/x-ndjson")
@@ -62,7 +71,26 @@ def native_router(ctx: ServerContext) -> APIRouter:
     return router
 
 
-def to_generation_request(body: GenerateRequest) -> GenerationRequest:
+def generate_prompt(body: GenerateRequest, markers: dict[str, str]) -> tuple[str | None, list[MediaRef]]:
+    """The text prompt with a marker per item of `images` and `audios`, and the items in
+    prompt order (server/media.py: `media_prompt`). Ids cannot carry markers: a prompt given
+    as `prompt_token_ids` takes no media."""
+    given = {"image": [MediaRef("image", url, f"images[{i}]") for i, url in enumerate(body.images or ())],
+             "audio": [MediaRef("audio", url, f"audios[{i}]") for i, url in enumerate(body.audios or ())]}
+    for ref in given["image"] + given["audio"]:
+        check_kind(ref.kind, markers, ref.name)
+    if body.prompt is None:
+        if body.prompt_token_ids is not None and (given["image"] or given["audio"]):
+            raise ApiError(400, "prompt_token_ids cannot carry media markers: send images and audios with a text "
+                                "prompt", "prompt_token_ids")
+        return None, []
+    if not markers:
+        return body.prompt, []
+    return media_prompt(body.prompt, given, markers)
+
+
+def to_generation_request(body: GenerateRequest, prompt: str | None) -> GenerationRequest:
+    """`body` as an engine request whose text prompt is `prompt` (`generate_prompt`'s)."""
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     try:
         sampling = SamplingParams(
@@ -71,7 +99,7 @@ def to_generation_request(body: GenerateRequest) -> GenerationRequest:
             frequency_penalty=body.frequency_penalty, seed=body.seed, logprobs=body.logprobs,
         )
         return GenerationRequest(
-            prompt=body.prompt, prompt_token_ids=body.prompt_token_ids, max_tokens=body.max_output_tokens,
+            prompt=prompt, prompt_token_ids=body.prompt_token_ids, max_tokens=body.max_output_tokens,
             min_tokens=body.min_tokens, ignore_eos=body.ignore_eos, stop=stop,
             stop_token_ids=check_stop_token_ids(body.stop_token_ids), sampling=sampling,
         )

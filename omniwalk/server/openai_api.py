@@ -16,7 +16,11 @@ They behave like `vllm serve` where the two overlap:
   `data: {"error": {...}}` followed by `[DONE]`, never a silent stop.
 
 Chat messages go through the tokenizer's chat template; a tokenizer without one gets
-DEFAULT_CHAT_TEMPLATE (ChatML, as Qwen uses).
+DEFAULT_CHAT_TEMPLATE (ChatML, as Qwen uses). Content parts: `text`, and for a model
+whose frontend takes media, `image_url`, `input_audio` (OpenAI) and `audio_url` (vLLM):
+each becomes the model's marker in the message's text, its bytes an item of the request's
+`media` named by its place (`messages[1].content[2]`); server/media.py has the rules.
+`video_url` and a kind the model does not take are a 400 naming the part.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from omniwalk.server.generation import (
     AbortingStreamingResponse, ClientDisconnected, Collected, Generation, ServerContext,
     disconnected_response, until_disconnected,
 )
+from omniwalk.server.media import MediaRef, chat_content, check_markers
 from omniwalk.server.protocol import (
     ApiError, ChatCompletionRequest, CompletionRequest, check_stop_token_ids, error_body,
 )
@@ -85,12 +90,13 @@ def openai_router(ctx: ServerContext) -> APIRouter:
         _check_common(ctx, body)
         _check_chat(body)
         _check_n(ctx, body.n)
-        prompt_ids = render_chat(ctx.engine.tokenizer, body)
+        ctx.check_generates_text()
+        prompt, media = chat_prompt(ctx.engine.tokenizer, body, ctx.media_markers)
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         base = _base_request(body, max_tokens, logprobs)
-        requests = [_choice_request(base, prompt_ids, body.seed, i) for i in range(body.n)]
-        generation = ctx.submit(requests, f"chatcmpl-{uuid.uuid4().hex}")
+        requests = [_choice_request(base, prompt, body.seed, i) for i in range(body.n)]
+        generation = await ctx.submit_with_media(requests, f"chatcmpl-{uuid.uuid4().hex}", media)
         return await _respond(request, _ChatView(ctx, body, generation, token_text))
 
     return router
@@ -204,10 +210,44 @@ def _default(value, default):
 
 
 def render_chat(tokenizer, body: ChatCompletionRequest) -> list[int]:
-    """Messages -> prompt ids through the chat template (which brings its own special tokens)."""
+    """Text-only messages -> prompt ids through the chat template (which brings its own special tokens)."""
+    return tokenizer.encode(_template_text(tokenizer, body, [m.text() for m in body.messages]),
+                            add_special_tokens=False)
+
+
+def chat_prompt(tokenizer, body: ChatCompletionRequest,
+                markers: dict[str, str]) -> tuple[str | list[int], list[MediaRef]]:
+    """The prompt of a chat and its media in prompt order. Each message's content becomes
+    text with the model's marker at each media part's place (`chat_content`); without
+    media the prompt is ids (as `render_chat`), with media the rendered text, which the
+    model's frontend tokenizes around its markers."""
+    contents, media = [], []
+    for index, message in enumerate(body.messages):
+        text, refs = chat_content(message.content, f"messages[{index}].content", markers)
+        contents.append(text)
+        media += refs
+    text = _template_text(tokenizer, body, contents)
+    if markers:   # the template may not add markers of its own either
+        check_markers(text, markers, [ref.kind for ref in media], "messages")
+    if not media:
+        return tokenizer.encode(text, add_special_tokens=False), media
+    return _without_template_bos(tokenizer, text), media
+
+
+def _without_template_bos(tokenizer, text: str) -> str:
+    """A rendered chat as a text prompt: the frontend's tokenizing adds the tokenizer's BOS
+    itself, so a BOS the template wrote is dropped rather than doubled."""
+    bos = getattr(tokenizer, "bos_token", None)
+    if bos and text.startswith(bos) and tokenizer.encode("", add_special_tokens=True)[:1] == [tokenizer.bos_token_id]:
+        return text[len(bos):]
+    return text
+
+
+def _template_text(tokenizer, body: ChatCompletionRequest, contents: list[str]) -> str:
+    """The messages (their content as `contents`) rendered by the chat template."""
     messages = []
-    for message in body.messages:
-        entry = {"role": message.role, "content": message.text()}
+    for message, content in zip(body.messages, contents):
+        entry = {"role": message.role, "content": content}
         if message.name is not None:
             entry["name"] = message.name
         messages.append(entry)
@@ -226,7 +266,7 @@ def render_chat(tokenizer, body: ChatCompletionRequest) -> list[int]:
         raise ApiError(400, f"the chat template failed on these messages: {exc}", "messages") from None
     if not isinstance(text, str):
         raise ApiError(400, "the chat template did not render text", "chat_template_kwargs")
-    return tokenizer.encode(text, add_special_tokens=False)
+    return text
 
 
 # apply_chat_template's own parameters: not template variables

@@ -14,9 +14,9 @@ suffix, best_of > n, ...) are a 400 when set, never silently ignored.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class ApiError(Exception):
@@ -102,6 +102,9 @@ class GenerateRequest(_Strict):
     seed: int | None = None
     logprobs: int | None = None              # k: the chosen token's logprob and the top k
     stream: bool = False
+    # media (data: URLs, or paths under --allowed-local-media-path); a text prompt only
+    images: list[str] | None = None
+    audios: list[str] | None = None
 
 
 # ----------------------------------------------------------------------------- OpenAI
@@ -159,18 +162,63 @@ class TextPart(_Strict):
     text: str
 
 
+class ImageUrl(_Strict):
+    url: str                                 # a data: URL (or a path under --allowed-local-media-path)
+    detail: Literal["auto", "low", "high"] | None = None   # accepted; the model's frontend sets the resolution
+
+
+class ImageUrlPart(_Strict):
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
+class InputAudio(_Strict):
+    """OpenAI's form: base64 file bytes; the bytes are decoded by their own header, whatever `format` says."""
+
+    data: str
+    format: Literal["wav", "mp3", "flac", "ogg"]
+
+
+class InputAudioPart(_Strict):
+    type: Literal["input_audio"]
+    input_audio: InputAudio
+
+
+class AudioUrl(_Strict):
+    url: str
+
+
+class AudioUrlPart(_Strict):
+    """vLLM's form of an audio part."""
+
+    type: Literal["audio_url"]
+    audio_url: AudioUrl
+
+
+class VideoUrlPart(_Strict):
+    """Parsed only to be refused by name (400 "video input is not supported")."""
+
+    type: Literal["video_url"]
+    video_url: dict[str, Any]
+
+
+ContentPart = Annotated[Union[TextPart, ImageUrlPart, InputAudioPart, AudioUrlPart, VideoUrlPart],
+                        Field(discriminator="type")]
+
+
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_call_id: str | None = None
 
     def text(self) -> str:
+        """The text parts, joined (media parts are not text: `server/media.py` places their markers)."""
         if self.content is None:
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        return "".join(part.text for part in self.content if isinstance(part, TextPart))
 
 
 class ChatCompletionRequest(_OpenAISampling):

@@ -62,6 +62,11 @@ CASES = [
     ("negative stop id", COMPLETIONS, {"prompt": "Hi", "stop_token_ids": [-3]}, 400, "stop_token_ids"),
     ("image part", CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}]},
      400, "messages"),
+    ("image on a text model", CHAT, {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "Hi"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]},
+     400, "messages[0].content[1]: this model does not take image input"),
+    ("audio on a text model", "/generate", {"prompt": "Hi", "audios": ["data:audio/wav;base64,AAAA"]}, 400,
+     "audios[0]: this model does not take audio input"),
     ("reserved template kwarg", CHAT, {"messages": MESSAGES, "chat_template_kwargs": {"tokenize": True}}, 400,
      "tokenize"),
     ("lone surrogate prompt", COMPLETIONS, b'{"prompt": "a\\ud800b", "max_tokens": 2}', 400, "unicode"),
