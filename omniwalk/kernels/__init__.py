@@ -5,6 +5,7 @@ CPU interpreter; tests/kernels).
     triton_support.py   the one `triton` import (None without Triton) and `use_triton(x)`
     rms_norm.py         RMSNorm, add + RMSNorm, zero-centered and gated RMSNorm
     silu_mul.py         the gated MLP's silu(gate) * up
+    fused_moe.py        MoE routing and experts: grouped GEMMs per expert (Triton, grouped_mm)
     norm_rotary.py      QK-norm + rotary, and with the KV-cache write (`QKRotary`)
     fp8.py              FP8 row quantization (`Fp8Rows`), shared by the norm and SiLU kernels
     paged_attention.py  causal attention of a ragged batch over the paged KV cache

@@ -1,38 +1,78 @@
-# TEMPORARY STUB (deleted before merging the moe branch)
+"""Sparse Mixture-of-Experts MLP, as in Qwen3-MoE and Qwen3-Omni's Thinker: a router picks
+k of E SiLU-gated experts per token and sums their outputs, weighted.
+
+Parameter names are transformers 5's in memory (`gate.weight`, `experts.gate_up_proj`,
+`experts.down_proj`), so the modules line up with `Qwen3OmniMoeThinkerTextSparseMoeBlock`;
+checkpoints store one tensor per expert and projection, which `expert_projections` maps
+into the stacked parameters (omniwalk/models/loader.py).
+
+The experts run on one of three backends (omniwalk/kernels/fused_moe.py): `triton` on CUDA
+by default (`torch` without Triton), `torch` on the CPU; `OMNIWALK_MOE_BACKEND=triton|grouped_mm|torch`
+picks the CUDA one, and a block's `backend` attribute overrides both (tests, benchmarks).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from omniwalk.kernels.fused_moe import MOE_BACKENDS, moe_experts, select_experts
+from omniwalk.kernels.triton_support import triton
 
-class _Experts(nn.Module):
-    def __init__(self, e, i, h):
+BACKEND_ENV = "OMNIWALK_MOE_BACKEND"
+
+
+@functools.cache
+def default_moe_backend(device_type: str) -> str:
+    """The experts' backend on a device type, chosen once per process."""
+    if device_type != "cuda":
+        return "torch"
+    chosen = os.environ.get(BACKEND_ENV, "").strip()
+    if chosen:
+        if chosen not in MOE_BACKENDS:
+            raise ValueError(f"{BACKEND_ENV}={chosen!r}: expected one of {MOE_BACKENDS}")
+        return chosen
+    return "triton" if triton is not None else "torch"
+
+
+class MoeExperts(nn.Module):
+    """E SiLU-gated experts, stacked: gate_up_proj [E, 2I, H] (gate rows, then up), down_proj [E, H, I]."""
+
+    def __init__(self, num_experts: int, hidden_size: int, moe_intermediate_size: int):
         super().__init__()
-        self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * i, h))
-        self.down_proj = nn.Parameter(torch.empty(e, h, i))
-        self.expert_projections = {"gate_proj": ("gate_up_proj", 0, i), "up_proj": ("gate_up_proj", i, 2 * i),
-                                   "down_proj": ("down_proj", 0, h)}
+        self.num_experts = num_experts
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * moe_intermediate_size, hidden_size))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, moe_intermediate_size))
+        # checkpoint `experts.{e}.gate_proj.weight` fills gate_up_proj[e, 0:I], and so on
+        self.expert_projections = {
+            "gate_proj": ("gate_up_proj", 0, moe_intermediate_size),
+            "up_proj": ("gate_up_proj", moe_intermediate_size, 2 * moe_intermediate_size),
+            "down_proj": ("down_proj", 0, hidden_size),
+        }
+
+    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                backend: str) -> torch.Tensor:
+        # x: [num_tokens, hidden]; topk_weights, topk_ids: [num_tokens, top_k]
+        return moe_experts(x, topk_weights, topk_ids, self.gate_up_proj, self.down_proj, backend)
 
 
 class SparseMoeBlock(nn.Module):
-    def __init__(self, hidden_size, moe_intermediate_size, num_experts, top_k, norm_topk_prob):
-        super().__init__()
-        self.gate = nn.Linear(hidden_size, num_experts, bias=False)
-        self.experts = _Experts(num_experts, moe_intermediate_size, hidden_size)
-        self.top_k, self.norm = top_k, norm_topk_prob
+    backend: str | None = None   # None: default_moe_backend of the input's device
 
-    def forward(self, x):
-        logits = self.gate(x)
-        probs = torch.softmax(logits, dim=-1, dtype=torch.float)
-        w, idx = torch.topk(probs, self.top_k, dim=-1)
-        if self.norm:
-            w = w / w.sum(-1, keepdim=True)
-        w = w.to(logits.dtype)
-        out = torch.zeros_like(x)
-        for e in range(self.experts.gate_up_proj.shape[0]):
-            tok, pos = torch.where(idx == e)
-            if tok.numel() == 0:
-                continue
-            g, u = F.linear(x[tok], self.experts.gate_up_proj[e]).chunk(2, -1)
-            h = F.linear(F.silu(g) * u, self.experts.down_proj[e]) * w[tok, pos, None]
-            out.index_add_(0, tok, h.to(out.dtype))
-        return out
+    def __init__(self, hidden_size: int, moe_intermediate_size: int, num_experts: int, top_k: int,
+                 norm_topk_prob: bool):
+        super().__init__()
+        if not 0 < top_k <= num_experts:
+            raise ValueError(f"top_k={top_k} must be in [1, num_experts={num_experts}]")
+        self.top_k = top_k
+        self.norm_topk_prob = norm_topk_prob
+        self.gate = nn.Linear(hidden_size, num_experts, bias=False)   # the router
+        self.experts = MoeExperts(num_experts, hidden_size, moe_intermediate_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [num_tokens, hidden]
+        topk_weights, topk_ids = select_experts(self.gate(x), self.top_k, self.norm_topk_prob)
+        backend = self.backend or default_moe_backend(x.device.type)
+        return self.experts(x, topk_weights, topk_ids, backend)

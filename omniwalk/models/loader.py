@@ -9,6 +9,12 @@ A module that fuses several projections into one (q/k/v into `qkv_proj`, gate/up
 `gate_up_proj`) declares `packed_projections = {"q_proj": ("qkv_proj", start, end), ...}`:
 the checkpoint's `...q_proj.weight` (and `.bias`) then fills rows [start, end) of
 `...qkv_proj.weight`.
+
+A module that stacks the weights of E experts (Mixture-of-Experts) declares
+`expert_projections = {"gate_proj": ("gate_up_proj", start, end), ...}`: the checkpoint's
+`<module>.<e>.gate_proj.weight` then fills `<module>.gate_up_proj[e, start:end]`. Every
+expert's every projection must be there; a stacked `<module>.gate_up_proj` of the full
+shape loads as it is.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ def load_checkpoint_weights(
     params = dict(model.named_parameters())  # a tied lm_head appears once, as embed_tokens
     modules = dict(model.named_modules())
     shards_expected = _packed_shards(modules, params)      # packed parameter -> checkpoint names
+    shards_expected.update(_expert_shards(modules, params))
     shards_loaded: set[str] = set()
     loaded: set[str] = set()
     unexpected: list[str] = []
@@ -61,13 +68,17 @@ def load_checkpoint_weights(
                     continue
                 if _is_skipped(model, name):
                     continue
+                expert = _expert_destination(modules, params, name)
+                if expert is not None:
+                    target, index, start, end = expert
+                    _load_expert_rows(name, params[target], index, start, end, f.get_tensor(stored_name))
+                    shards_loaded.add(name)
+                    continue
                 packed = _packed_destination(modules, name)
                 if packed is not None:
                     target, start, end = packed
                     _load_rows(name, params[target], start, end, f.get_tensor(stored_name))
                     shards_loaded.add(name)
-                    if shards_expected[target] <= shards_loaded:
-                        loaded.add(target)
                     continue
                 if name not in params:
                     unexpected.append(name)
@@ -76,14 +87,27 @@ def load_checkpoint_weights(
                     raise ValueError(f"{name} appears in more than one checkpoint file in {folder}")
                 _load_one(name, params[name], f.get_tensor(stored_name))
                 loaded.add(name)
-    missing = sorted(set(params) - loaded - set(shards_expected))
-    missing += sorted(shard for target, shards in shards_expected.items() for shard in shards - shards_loaded)
+    missing = _missing(params, loaded, shards_expected, shards_loaded, folder)
     if missing or unexpected:
         raise ValueError(
             f"checkpoint {folder} does not match the model: "
             f"missing parameters {missing}, unexpected tensors {sorted(unexpected)}"
         )
     return sorted(skipped)
+
+
+def _missing(params: dict[str, nn.Parameter], loaded: set[str], shards_expected: dict[str, set[str]],
+             shards_loaded: set[str], folder: str | Path) -> list[str]:
+    """The names the checkpoint lacks: parameters loaded neither whole (`loaded`) nor from all
+    their shards, reported by the shards missing when the parameter is packed or stacked."""
+    missing = sorted(set(params) - loaded - set(shards_expected))
+    for target, shards in sorted(shards_expected.items()):
+        found = shards & shards_loaded
+        if target in loaded and found:   # whole and in parts: which one was meant?
+            raise ValueError(f"{target}: checkpoint {folder} holds it both whole and in parts {sorted(found)[:3]}")
+        if target not in loaded:
+            missing += sorted(shards - found)
+    return missing
 
 
 def _packed_destination(modules: dict[str, nn.Module], name: str) -> tuple[str, int, int] | None:
@@ -107,6 +131,46 @@ def _packed_shards(modules: dict[str, nn.Module], params: dict[str, nn.Parameter
                 if f"{prefix}{target}.{kind}" in params:
                     shards.setdefault(f"{prefix}{target}.{kind}", set()).add(f"{prefix}{child}.{kind}")
     return shards
+
+
+def _expert_destination(modules: dict[str, nn.Module], params: dict[str, nn.Parameter],
+                        name: str) -> tuple[str, int, int, int] | None:
+    """`a.experts.3.gate_proj.weight` -> (`a.experts.gate_up_proj`, 3, start, end) if module
+    `a.experts` stacks its experts' gate_proj into gate_up_proj. Raises on an expert index
+    out of range."""
+    parts = name.split(".")
+    if len(parts) < 3 or parts[-1] != "weight" or not parts[-3].isdigit():
+        return None
+    owner_path, index, child = ".".join(parts[:-3]), int(parts[-3]), parts[-2]
+    projections = getattr(modules.get(owner_path), "expert_projections", None)
+    if not projections or child not in projections:
+        return None
+    target, start, end = projections[child]
+    target = f"{owner_path}.{target}" if owner_path else target
+    num_experts = params[target].shape[0]
+    if index >= num_experts:
+        raise ValueError(f"{name}: expert {index} out of range, {owner_path} has {num_experts} experts")
+    return target, index, start, end
+
+
+def _expert_shards(modules: dict[str, nn.Module], params: dict[str, nn.Parameter]) -> dict[str, set[str]]:
+    """Each stacked expert parameter -> the per-expert checkpoint tensor names that fill it."""
+    shards: dict[str, set[str]] = {}
+    for owner_path, module in modules.items():
+        prefix = f"{owner_path}." if owner_path else ""
+        for child, (target, _, _) in getattr(module, "expert_projections", {}).items():
+            names = {f"{prefix}{e}.{child}.weight" for e in range(params[prefix + target].shape[0])}
+            shards.setdefault(prefix + target, set()).update(names)
+    return shards
+
+
+@torch.no_grad()
+def _load_expert_rows(name: str, param: nn.Parameter, index: int, start: int, end: int, tensor: torch.Tensor) -> None:
+    expert = param[index]
+    if tensor.shape[0] != end - start or tensor.shape[1:] != expert.shape[1:]:
+        raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} does not fit rows [{start}, {end}) "
+                         f"of expert {index} of a parameter of shape {tuple(param.shape)}")
+    expert[start:end].copy_(tensor.to(param.dtype))
 
 
 @torch.no_grad()

@@ -9,7 +9,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from omniwalk.kernels import (
-    causal_conv, cross_attention, fp8, gated_delta_rule, norm_rotary, rms_norm, sampling, silu_mul, snac,
+    causal_conv, cross_attention, fp8, fused_moe, gated_delta_rule, norm_rotary, rms_norm, sampling, silu_mul, snac,
 )
 
 QUANTIZE_ARGS = {"fp8_max": "fp32", "inverse_fp8_max": "fp32", "min_scale": "fp32"}
@@ -94,6 +94,18 @@ KERNELS = [
     (f"norm+rotary{' (zero-centered)' * zc}", norm_rotary._norm_rotary_kernel, NORM_ROTARY,
      {"HAS_NORM": True, "ZERO_CENTERED": zc, "HEAD_DIM": 256, "BLOCK_D": 256, "HALF": 32, "BLOCK_HALF": 32})
     for zc in (False, True)
+]
+
+FUSED_MOE = {"a_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "topk_weights_ptr": "*bf16",
+             "sorted_pairs_ptr": "*i32", "block_experts_ptr": "*i32", "num_pairs": "i32", "N": "i32", "K": "i32",
+             "stride_a": "i32", "stride_we": "i32", "stride_wn": "i32", "stride_out": "i32",
+             "A_ROW_DIVISOR": "constexpr", "GATED": "constexpr", "WEIGHTED": "constexpr", "MASKED": "constexpr",
+             "IEEE": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr"}
+KERNELS += [
+    (f"fused moe {'gate_up' if gated else 'down'}{' (masked)' * masked}", fused_moe._fused_moe_kernel, FUSED_MOE,
+     {"A_ROW_DIVISOR": 8 if gated else 1, "GATED": gated, "WEIGHTED": not gated, "MASKED": masked, "IEEE": False,
+      "BLOCK_M": 16 if masked else 128, "BLOCK_N": 128, "BLOCK_K": 64})
+    for gated in (False, True) for masked in (False, True)
 ]
 
 failed = 0

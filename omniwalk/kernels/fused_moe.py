@@ -1,0 +1,293 @@
+"""The experts of a Mixture-of-Experts MLP (Qwen3-MoE, Qwen3-Omni): routing, and three ways
+to run the routed experts, all with transformers' weight layout and rounding.
+
+    gate_up_proj  [E, 2I, H]   rows [0, I): expert e's gate_proj, rows [I, 2I): its up_proj
+    down_proj     [E, H, I]
+    topk_ids      [T, k]       the experts of each token;  pair p = t * k + j
+    topk_weights  [T, k]       their routing weights, in the activation dtype
+
+    out[t] = sum_j  topk_weights[t, j] * down_e(silu(gate_e(x[t])) * up_e(x[t])),  e = topk_ids[t, j]
+
+Backends (`moe_experts(..., backend)`):
+    torch       `moe_experts_reference`: transformers' loop over the experts that were hit.
+                The CPU path and what the others are tested against; it syncs with the host.
+    grouped_mm  pairs sorted by expert on the device, `torch._grouped_mm` for gate_up and for
+                down (bf16 on CUDA; any float dtype on CPU). CUDA-graph capturable.
+    triton      `fused_moe`: one Triton grouped GEMM per projection. CUDA-graph capturable.
+
+The Triton path. Each program computes a BLOCK_M x BLOCK_N tile of one expert's rows; its
+rows are found one of two ways, both with shapes fixed by the number of tokens alone:
+
+    aligned (prefill): the pairs sorted by expert and each expert's run padded to a multiple
+    of BLOCK_M (`align_pairs_to_blocks`), so every block of BLOCK_M rows holds one expert:
+
+        topk_ids (E=4, k=2, T=5)   [[2, 0], [2, 3], [0, 2], [3, 2], [2, 0]]
+        pairs by expert            e0: 1 4 9    e2: 0 2 5 7 8   e3: 3 6
+        sorted_pairs (BLOCK_M=4)   | 1 4 9 - | 0 2 5 7 | 8 - - - | 3 6 - - | - - - - ...
+        block_experts              |    0    |    2    |    2    |    3    |   (unused)
+        ('-' = the sentinel T*k: a padding row, neither loaded nor stored)
+
+    masked (decode, T*k <= BLOCK_M): no sorting at all. Program e takes every pair as a
+    row and keeps those whose expert is e; experts nobody picked return at once.
+
+The first GEMM fuses the SiLU-and-mul (a gate and an up accumulator over the same columns)
+and writes the activation [T*k, I]; the second multiplies in the routing weight and writes
+each pair's row [T*k, H]; a sum over k gives the output. Roundings follow transformers in
+bf16: each projection's output, the SiLU, the product and the weighted row are cast to the
+activation dtype; only the final sum over k accumulates in fp32 (transformers adds the k
+rows one by one in the activation dtype).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from omniwalk.kernels.silu_mul import silu_and_mul
+from omniwalk.kernels.triton_support import triton
+
+if triton is not None:
+    import triton.language as tl
+
+MOE_BACKENDS = ("triton", "grouped_mm", "torch")
+
+
+# ----------------------------------------------------------------------------- routing
+
+def select_experts(router_logits: torch.Tensor, top_k: int, norm_topk_prob: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(topk_weights [T, k] in the logits' dtype, topk_ids [T, k] int64), as transformers'
+    TopKRouter: softmax in fp32, top-k, renormalized to sum 1 if `norm_topk_prob`."""
+    probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if norm_topk_prob:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights.to(router_logits.dtype), ids
+
+
+def moe_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                gate_up_proj: torch.Tensor, down_proj: torch.Tensor, backend: str) -> torch.Tensor:
+    """The routed experts' weighted sum for each token: x [T, H] -> [T, H]."""
+    if backend == "triton":
+        return fused_moe(x, topk_weights, topk_ids, gate_up_proj, down_proj)
+    if backend == "grouped_mm":
+        return moe_experts_grouped_mm(x, topk_weights, topk_ids, gate_up_proj, down_proj)
+    if backend == "torch":
+        return moe_experts_reference(x, topk_weights, topk_ids, gate_up_proj, down_proj)
+    raise ValueError(f"unknown MoE backend {backend!r}; expected one of {MOE_BACKENDS}")
+
+
+# ----------------------------------------------------------------------------- reference
+
+def moe_experts_reference(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                          gate_up_proj: torch.Tensor, down_proj: torch.Tensor) -> torch.Tensor:
+    """transformers' eager experts: each expert that was hit, in increasing order, adds its
+    weighted rows into the output (in the activation dtype)."""
+    out = torch.zeros_like(x)
+    for expert in topk_ids.unique().tolist():   # host sync: this path is for the CPU
+        token, slot = torch.where(topk_ids == expert)
+        gate, up = F.linear(x[token], gate_up_proj[expert]).chunk(2, dim=-1)
+        rows = F.linear(F.silu(gate) * up, down_proj[expert])
+        out.index_add_(0, token, (rows * topk_weights[token, slot, None]).to(out.dtype))
+    return out
+
+
+# ----------------------------------------------------------------------------- grouped_mm
+
+def moe_experts_grouped_mm(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                           gate_up_proj: torch.Tensor, down_proj: torch.Tensor) -> torch.Tensor:
+    """Pairs sorted by expert, one grouped GEMM per projection; no host sync."""
+    num_tokens, top_k = topk_ids.shape
+    sorted_ids, order, expert_ends = _sort_pairs(topk_ids, gate_up_proj.shape[0])
+    offsets = expert_ends.to(torch.int32)                    # [E]: end of each expert's rows
+    tokens = order // top_k
+    gate_up = _grouped_mm(x[tokens], gate_up_proj.transpose(1, 2), offsets)   # [P, 2I], by expert
+    gate, up = gate_up.chunk(2, dim=-1)
+    rows = _grouped_mm(silu_and_mul(gate, up), down_proj.transpose(1, 2), offsets)  # [P, H]
+    rows = rows * topk_weights.reshape(-1)[order, None]
+    # back to pair order, then a sum over k: deterministic, where an index_add_ is not
+    by_pair = torch.empty_like(rows).index_copy_(0, order, rows)
+    return by_pair.view(num_tokens, top_k, -1).sum(dim=1)
+
+
+def _grouped_mm(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """a [P, K] (rows grouped by expert) @ b [E, K, N] -> [P, N]; `offsets` [E] int32 ends."""
+    grouped_mm = getattr(F, "grouped_mm", None) or torch._grouped_mm
+    return grouped_mm(a, b, offs=offsets)
+
+
+def _sort_pairs(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(expert of each pair sorted [P], the pairs in that order [P], each expert's end in it [E]).
+
+    Stable, so an expert's pairs stay in token order. The ends come from a search of the
+    sorted ids (no bincount: its output size would depend on the data)."""
+    sorted_ids, order = torch.sort(topk_ids.reshape(-1), stable=True)
+    experts = torch.arange(num_experts, device=topk_ids.device, dtype=sorted_ids.dtype)
+    return sorted_ids, order, torch.searchsorted(sorted_ids, experts, right=True)
+
+
+# ----------------------------------------------------------------------------- Triton
+
+@dataclass(frozen=True)
+class MoeTiles:
+    """Tile sizes of the two GEMMs. `masked`: decode, all pairs in one block of BLOCK_M rows."""
+    block_m: int
+    masked: bool
+    up: tuple[int, int, int, int]     # gate_up GEMM: (BLOCK_N, BLOCK_K, num_warps, num_stages)
+    down: tuple[int, int, int, int]   # down GEMM: the same
+
+
+def moe_tiles(num_pairs: int, num_experts: int) -> MoeTiles:
+    """Tiles for T*k pairs over E experts, for Hopper at Qwen3-Omni's size (H 2048, I 768).
+
+    Decode is weight-read bound: narrow N tiles spread one expert's weights over many
+    programs. Prefill: BLOCK_M grows with the rows each expert gets. The gate_up GEMM holds
+    two accumulators (gate and up), so its BLOCK_N counts each of them."""
+    if num_pairs <= 64:
+        return MoeTiles(max(16, triton.next_power_of_2(num_pairs)), True, up=(32, 128, 4, 4), down=(64, 128, 4, 4))
+    rows_per_expert = num_pairs / num_experts
+    if rows_per_expert <= 16:
+        return MoeTiles(16, False, up=(64, 128, 4, 3), down=(64, 128, 4, 3))
+    if rows_per_expert <= 32:
+        return MoeTiles(32, False, up=(64, 128, 4, 3), down=(128, 128, 4, 3))
+    if rows_per_expert <= 96:
+        return MoeTiles(64, False, up=(64, 64, 4, 3), down=(128, 64, 4, 3))
+    return MoeTiles(128, False, up=(128, 64, 8, 3), down=(256, 64, 8, 3))
+
+
+def align_pairs_to_blocks(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sorted_pairs [num_blocks * BLOCK_M] int32, block_experts [num_blocks] int32): the
+    pairs grouped by expert, each expert's run padded with the sentinel T*k to a multiple
+    of BLOCK_M (the picture in the module docstring).
+
+    `num_blocks` bounds the blocks for any routing of T*k pairs (each expert hit adds at
+    most one partial block), so it depends on T alone; the blocks past the last expert hold
+    only sentinels, and their `block_experts` entry is not meant to be read."""
+    num_pairs = topk_ids.numel()
+    device = topk_ids.device
+    num_blocks = (num_pairs + min(num_experts, num_pairs) * (block_m - 1)) // block_m
+    sorted_ids, order, ends = _sort_pairs(topk_ids, num_experts)
+    counts = torch.diff(ends, prepend=ends.new_zeros(1))
+    padded = (counts + block_m - 1) // block_m * block_m
+    padded_ends = torch.cumsum(padded, dim=0)
+    # pair i of the sorted order goes to its expert's padded start + its rank in the expert
+    shift = ((padded_ends - padded) - (ends - counts))[sorted_ids]   # padded start - start
+    destination = torch.arange(num_pairs, device=device) + shift
+    sorted_pairs = torch.full((num_blocks * block_m,), num_pairs, dtype=torch.int32, device=device)
+    sorted_pairs.index_copy_(0, destination, order.to(torch.int32))
+    block_starts = torch.arange(num_blocks, device=device) * block_m
+    block_experts = torch.searchsorted(padded_ends, block_starts, right=True).clamp_(max=num_experts - 1)
+    return sorted_pairs, block_experts.to(torch.int32)
+
+
+def fused_moe(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+              gate_up_proj: torch.Tensor, down_proj: torch.Tensor, tiles: MoeTiles | None = None) -> torch.Tensor:
+    """The routed experts with two Triton grouped GEMMs: x [T, H] -> [T, H]. No host sync."""
+    num_tokens, top_k = topk_ids.shape
+    num_experts, two_i, hidden = gate_up_proj.shape
+    intermediate = two_i // 2
+    num_pairs = num_tokens * top_k
+    if num_pairs == 0:
+        return torch.zeros_like(x)
+    tiles = tiles or moe_tiles(num_pairs, num_experts)
+    x = x.contiguous()
+    topk_ids = topk_ids.reshape(-1).to(torch.int32)
+    topk_weights = topk_weights.reshape(-1).contiguous()
+    if tiles.masked:   # program (expert, n): the pairs routed to that expert, found by a compare
+        if num_pairs > tiles.block_m:
+            raise ValueError(f"masked tiles hold {tiles.block_m} pairs, not {num_pairs}")
+        sorted_pairs, block_experts, num_blocks = topk_ids, topk_ids, num_experts
+    else:
+        sorted_pairs, block_experts = align_pairs_to_blocks(topk_ids, num_experts, tiles.block_m)
+        num_blocks = block_experts.shape[0]
+    activation = torch.empty((num_pairs, intermediate), dtype=x.dtype, device=x.device)
+    by_pair = torch.empty((num_pairs, hidden), dtype=x.dtype, device=x.device)
+    common = dict(num_pairs=num_pairs, MASKED=tiles.masked, BLOCK_M=tiles.block_m, IEEE=x.dtype == torch.float32)
+    _launch(x, gate_up_proj, activation, topk_weights, sorted_pairs, block_experts, num_blocks,
+            intermediate, hidden, a_row_divisor=top_k, gated=True, weighted=False, config=tiles.up, **common)
+    _launch(activation, down_proj, by_pair, topk_weights, sorted_pairs, block_experts, num_blocks,
+            hidden, intermediate, a_row_divisor=1, gated=False, weighted=True, config=tiles.down, **common)
+    return by_pair.view(num_tokens, top_k, hidden).sum(dim=1)
+
+
+def _launch(a, weight, out, topk_weights, sorted_pairs, block_experts, num_blocks, n, k, *,
+            a_row_divisor, gated, weighted, config, num_pairs, MASKED, BLOCK_M, IEEE):
+    # a: [rows, k] (x, or the activation); weight: [E, n (x2 if gated), k]; out: [P, n]
+    block_n, block_k, num_warps, num_stages = config
+    if a.stride(1) != 1 or weight.stride(2) != 1:   # rows contiguous along K: vector loads, cp.async
+        raise ValueError("fused_moe needs the input and the weights contiguous in their last dim")
+    block_n = min(block_n, max(16, triton.next_power_of_2(n)))
+    block_k = min(block_k, max(16, triton.next_power_of_2(k)))
+    grid = (num_blocks, triton.cdiv(n, block_n))
+    _fused_moe_kernel[grid](
+        a, weight, out, topk_weights, sorted_pairs, block_experts,
+        num_pairs, n, k, a.stride(0), weight.stride(0), weight.stride(1), out.stride(0),
+        A_ROW_DIVISOR=a_row_divisor, GATED=gated, WEIGHTED=weighted, MASKED=MASKED, IEEE=IEEE,
+        BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _fused_moe_kernel(
+        a_ptr, w_ptr, out_ptr, topk_weights_ptr, sorted_pairs_ptr, block_experts_ptr,
+        num_pairs, N, K, stride_a, stride_we, stride_wn, stride_out,
+        A_ROW_DIVISOR: tl.constexpr, GATED: tl.constexpr, WEIGHTED: tl.constexpr, MASKED: tl.constexpr,
+        IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ):
+        """out[pair, n] for the BLOCK_M rows of block program_id(0) and BLOCK_N columns.
+
+        MASKED: block m is expert m, its rows every pair whose expert is m (sorted_pairs_ptr
+        is then topk_ids). Otherwise rows sorted_pairs[m * BLOCK_M + i] of expert
+        block_experts[m]. A row's input is a[pair // A_ROW_DIVISOR] (the token for the
+        first GEMM, the pair's activation for the second). GATED: the weight's rows
+        [N, 2N) are the up projection, and the output is silu(gate) * up."""
+        block = tl.program_id(0)
+        rows = tl.arange(0, BLOCK_M)
+        if MASKED:
+            expert = block
+            pairs = rows
+            valid = tl.load(sorted_pairs_ptr + rows, mask=rows < num_pairs, other=-1) == expert
+        else:
+            expert = tl.load(block_experts_ptr + block)
+            pairs = tl.load(sorted_pairs_ptr + block * BLOCK_M + rows)
+            valid = pairs < num_pairs
+        if tl.max(valid.to(tl.int32), axis=0) == 0:   # an expert nobody picked, a padding block
+            return
+        pairs = tl.where(valid, pairs, 0).to(tl.int64)
+        cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_ok = cols < N
+        ks = tl.arange(0, BLOCK_K)
+        a_ptrs = a_ptr + (pairs // A_ROW_DIVISOR)[:, None] * stride_a + ks[None, :]
+        # the weight tile as [BLOCK_K, BLOCK_N]: w[expert, col, k] at (k, col)
+        w_ptrs = w_ptr + expert.to(tl.int64) * stride_we + cols[None, :] * stride_wn + ks[:, None]
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k_ok = ks < K - k0
+            a = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
+            w_mask = k_ok[:, None] & col_ok[None, :]
+            w = tl.load(w_ptrs, mask=w_mask, other=0.0)
+            if IEEE:   # fp32 weights: full precision, as torch's fp32 matmul
+                acc = tl.dot(a, w, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(a, w, acc)
+            if GATED:
+                w_up = tl.load(w_ptrs + N * stride_wn, mask=w_mask, other=0.0)
+                if IEEE:
+                    acc_up = tl.dot(a, w_up, acc_up, input_precision="ieee")
+                else:
+                    acc_up = tl.dot(a, w_up, acc_up)
+            a_ptrs += BLOCK_K
+            w_ptrs += BLOCK_K
+        dtype = out_ptr.dtype.element_ty
+        result = acc.to(dtype).to(tl.float32)   # each cast: where transformers rounds
+        if GATED:
+            silu = (result / (1.0 + tl.exp(-result))).to(dtype).to(tl.float32)
+            result = (silu * acc_up.to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+        if WEIGHTED:
+            weight = tl.load(topk_weights_ptr + pairs, mask=valid, other=0.0).to(tl.float32)
+            result = result * weight[:, None]
+        out_ptrs = out_ptr + pairs[:, None] * stride_out + cols[None, :]
+        tl.store(out_ptrs, result.to(dtype), mask=valid[:, None] & col_ok[None, :])
