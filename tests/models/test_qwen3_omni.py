@@ -44,7 +44,8 @@ def hf_config() -> Qwen3OmniMoeThinkerConfig:
                          rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1],
                                           "mrope_interleaved": True}),
         audio_token_id=AUDIO, image_token_id=IMAGE, video_token_id=292, audio_start_token_id=AUDIO_START,
-        vision_start_token_id=VISION_START, position_id_per_seconds=13)
+        vision_start_token_id=VISION_START, position_id_per_seconds=13,
+        audio_end_token_id=AUDIO_END, vision_end_token_id=VISION_END)   # kept in config.json as the real one has them
 
 
 @pytest.fixture(scope="module")
@@ -205,8 +206,14 @@ def test_corrupt_image_fails_alone(engine):
 
 
 def test_placeholder_count_must_match_media(engine):
-    with pytest.raises(ValueError, match="image placeholder"):
-        engine.submit(GenerationRequest(prompt_token_ids=TEXT, max_tokens=4, media=(ImageInput(image(1)),)))
+    with pytest.raises(ValueError, match="2 image placeholder"):
+        engine.submit(GenerationRequest(prompt_token_ids=WITH_IMAGE + [VISION_START, IMAGE, VISION_END], max_tokens=4,
+                                        media=(ImageInput(image(1)),)))
+
+
+def test_media_without_placeholders_go_first(engine):
+    marked = [VISION_START, IMAGE, VISION_END, AUDIO_START, AUDIO, AUDIO_END] + TEXT
+    assert ours(engine, TEXT, (image(1),), (clip(1),)).token_ids == ours(engine, marked, (image(1),), (clip(1),)).token_ids
 
 
 def test_image_bytes_equal_pixels(engine):
@@ -220,13 +227,13 @@ def test_image_bytes_equal_pixels(engine):
 
 def test_prefix_cache_is_keyed_by_media(engine):
     cache = engine.loaded.served.cache
-    long_prompt = list(range(10, 60)) + WITH_IMAGE    # three full pages before the image
+    # three full pages before the image's page; 84 tokens, 5 full pages in all
+    long_prompt = list(range(10, 60)) + WITH_IMAGE + list(range(60, 80))
     first = ours(engine, long_prompt, (image(11),), n=3).token_ids
     hits = cache.num_cached_tokens_hit
     same = ours(engine, long_prompt, (image(11),), n=3).token_ids
     assert same == first
-    shared = cache.num_cached_tokens_hit - hits
-    assert shared > 48            # the text pages and the image's own pages
+    assert cache.num_cached_tokens_hit - hits == 80      # the image's page and the pages after it too
     hits = cache.num_cached_tokens_hit
     ours(engine, long_prompt, (image(12),), n=3)
     assert cache.num_cached_tokens_hit - hits == 48    # only the pages before the image

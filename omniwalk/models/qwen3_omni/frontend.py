@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from omniwalk.audio import load_audio
+from omniwalk.audio import MEDIA_MAX_SECONDS, load_audio
 from omniwalk.capabilities.media import AudioInput, ImageInput
 from omniwalk.capabilities.text import GenerationRequest, TextFrontend
 from omniwalk.engine.sampler import SamplingParams
@@ -42,8 +42,9 @@ class ThinkerTextFrontend(TextFrontend):
         self.config = config
         self.image_processor = image_processor
         self.audio_processor = audio_processor
-        self.marker_ids = {marker: self._token_id(marker, default)
-                           for marker, default in config.tokens.of_marker().items()}
+        # a marker without an id in the vocabulary (a config that names no vision_end) is plain text
+        self.marker_ids = {marker: token for marker, default in config.tokens.of_marker().items()
+                           if 0 <= (token := self._token_id(marker, default)) < config.vocab_size}
         self.marker_pattern = re.compile("(" + "|".join(map(re.escape, self.marker_ids)) + ")")
 
     def _token_id(self, token: str, default: int) -> int:
@@ -108,7 +109,7 @@ class ThinkerTextFrontend(TextFrontend):
 
     def _marker_ids(self, item) -> list[int]:
         kind = "image" if isinstance(item, ImageInput) else "audio"
-        return [self.marker_ids[token] for token in MEDIA_MARKER_TOKENS[kind]]
+        return [self.marker_ids[token] for token in MEDIA_MARKER_TOKENS[kind] if token in self.marker_ids]
 
     def _image(self, item: ImageInput) -> ImagePatches:
         try:
@@ -119,7 +120,7 @@ class ThinkerTextFrontend(TextFrontend):
 
     def _audio(self, item: AudioInput) -> torch.Tensor:
         try:
-            samples = load_audio(item.data, self.config.audio_settings.sampling_rate)
+            samples = load_audio(item.data, self.config.audio_settings.sampling_rate, max_seconds=MEDIA_MAX_SECONDS)
             return torch.as_tensor(self.audio_processor(samples))
         except ValueError as exc:
             raise ValueError(f"{item.name}: {exc}") from None

@@ -1,0 +1,110 @@
+"""tiny-qwen3-omni over real HTTP: chat with image and audio parts through the official
+`openai` client, streamed == non-streamed, budgets exact, a corrupt part is a 400 that
+names it and leaves the others alone, and a disconnect gives every page back."""
+
+from __future__ import annotations
+
+import base64
+import io
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import numpy as np
+import pytest
+import soundfile
+from openai import OpenAI
+from PIL import Image
+
+from omniwalk.loading import EngineArgs
+
+MODEL = "tiny-qwen3-omni"
+
+
+def png(seed: int) -> str:
+    pixels = np.random.default_rng(seed).integers(0, 256, (40, 56, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def wav_b64(seed: int, seconds: float = 1.5) -> str:
+    t = np.arange(int(16000 * seconds)) / 16000
+    samples = 0.3 * np.sin(2 * np.pi * (220 + 40 * seed) * t)
+    buffer = io.BytesIO()
+    soundfile.write(buffer, samples, 16000, format="WAV", subtype="PCM_16")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def content(seed: int) -> list[dict]:
+    return [{"type": "text", "text": "Describe"},
+            {"type": "image_url", "image_url": {"url": png(seed)}},
+            {"type": "text", "text": "and"},
+            {"type": "input_audio", "input_audio": {"data": wav_b64(seed), "format": "wav"}}]
+
+
+@pytest.fixture(scope="module")
+def server(launch_server):
+    with launch_server(EngineArgs(MODEL)) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return OpenAI(base_url=server.url + "/v1", api_key="unused")
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2, 7])
+def test_chat_with_image_and_audio_streamed_equals_not(client, max_tokens):
+    messages = [{"role": "user", "content": content(1)}]
+    whole = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=max_tokens, temperature=0,
+                                           extra_body={"ignore_eos": True, "return_token_ids": True})
+    assert whole.usage.completion_tokens == max_tokens
+    assert whole.choices[0].finish_reason == "length"
+    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=max_tokens, stream=True,
+                                                 temperature=0, stream_options={"include_usage": True},
+                                                 extra_body={"ignore_eos": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert chunks[-1].usage.completion_tokens == max_tokens
+    # the prompt counts every placeholder token the media expanded into
+    assert whole.usage.prompt_tokens > 20
+
+
+def test_the_same_media_give_the_same_answer(client):
+    def ask(seed):
+        return client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content(seed)}],
+                                              max_tokens=6, temperature=0, extra_body={"ignore_eos": True})
+    first, again = ask(1), ask(1)
+    assert first.choices[0].message.content == again.choices[0].message.content
+
+
+def test_a_corrupt_image_is_a_400_naming_it_and_others_finish(server):
+    bad = [{"type": "text", "text": "x"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,"
+                                                                               + base64.b64encode(b"garbage").decode()}}]
+
+    def post(body):
+        with httpx.Client(base_url=server.url, timeout=60) as http:
+            return http.post("/v1/chat/completions", json=body)
+
+    good = {"model": MODEL, "messages": [{"role": "user", "content": content(2)}], "max_tokens": 3,
+            "ignore_eos": True}
+    with ThreadPoolExecutor(9) as pool:
+        futures = [pool.submit(post, good) for _ in range(8)]
+        refused = pool.submit(post, {"model": MODEL, "messages": [{"role": "user", "content": bad}],
+                                     "max_tokens": 3}).result()
+        answers = [f.result() for f in futures]
+    assert refused.status_code == 400
+    assert refused.json()["error"]["param"] == "messages[0].content[1]"
+    assert all(a.status_code == 200 and a.json()["usage"]["completion_tokens"] == 3 for a in answers)
+    server.wait_idle()
+
+
+def test_disconnect_mid_stream_frees_pages(server):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": content(3)}], "max_tokens": 400,
+            "ignore_eos": True, "stream": True}
+    with httpx.Client(base_url=server.url, timeout=60) as http:
+        with http.stream("POST", "/v1/chat/completions", json=body) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: {"):
+                    break   # one chunk, then hang up
+    server.wait_idle()
