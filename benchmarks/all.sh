@@ -24,10 +24,10 @@ for table in "${TABLES[@]}"; do
           --ignore=tests/server --ignore=tests/families --ignore=tests/bench \
           > "$OUT/gpu-tests.log" 2>&1 || { tail -n 30 "$OUT/gpu-tests.log"; exit 1; }
         tail -n 3 "$OUT/gpu-tests.log" ) || failed+=("$table") ;;
-    text | hybrid | tts | asr | hf_baseline)
+    text | hybrid | tts | asr | hf_baseline | qwen3_omni)
       bash "benchmarks/$table.sh" || failed+=("$table") ;;
     *)
-      echo "unknown table $table (text, hybrid, tts, asr, hf_baseline, tests)"
+      echo "unknown table $table (text, hybrid, tts, asr, hf_baseline, qwen3_omni, tests)"
       failed+=("$table") ;;
   esac
   echo "######## $table: $((SECONDS - start)) s"

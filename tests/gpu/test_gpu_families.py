@@ -168,3 +168,38 @@ def test_whisper_greedy_ids_cuda_equal_cpu():
 
     assert run_on("cuda", "tiny-whisper", listen_with_graphs) == run_on("cpu", "tiny-whisper", listen)
     assert run_on("cuda", "tiny-whisper", listen, enforce_eager=True) == run_on("cpu", "tiny-whisper", listen)
+
+
+def test_qwen3_omni_greedy_ids_cuda_equal_cpu():
+    """Text, image and audio prompts on tiny-qwen3-omni: CUDA (decode graphs, look-ahead, the
+    Triton fused-MoE kernel) against the CPU, fp32; then the grouped_mm experts in bf16 keep
+    the budget and give ids (no equality asked across backends in bf16)."""
+    from omniwalk.capabilities.media import AudioInput, ImageInput
+    from omniwalk.capabilities.text import collect_generation
+    from omniwalk.layers.moe import SparseMoeBlock
+
+    rng = np.random.default_rng(0)
+    image = rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)
+    clip = (0.2 * np.sin(np.arange(40000) / 16000 * 2 * np.pi * 330)).astype(np.float32)
+    prompts = [("Hello there", ()), ("Look", (ImageInput(image),)), ("Hear", (AudioInput(clip),)),
+               ("Both", (ImageInput(image), AudioInput(clip)))]
+
+    def answer(engine):
+        streams = [engine.submit(GenerationRequest(prompt=p, media=m, max_tokens=24, ignore_eos=True))
+                   for p, m in prompts]
+        return [collect_generation(s).token_ids for s in streams]
+
+    def answer_with_graphs(engine):
+        executor = engine.model.executors["thinker"]
+        assert executor.decode_graphs is not None
+        ids = answer(engine)
+        assert executor.lookahead_used > 0
+        return ids
+
+    assert run_on("cpu", "tiny-qwen3-omni", answer) == run_on("cuda", "tiny-qwen3-omni", answer_with_graphs)
+    SparseMoeBlock.backend = "grouped_mm"
+    try:
+        ids = run_on("cuda", "tiny-qwen3-omni", answer, dtype="bfloat16")
+    finally:
+        SparseMoeBlock.backend = None
+    assert [len(i) for i in ids] == [24] * len(prompts)
