@@ -239,18 +239,20 @@ def test_cuda_backends_match_the_torch_backend_in_bf16(cuda_block, backend, num_
         got = cuda_block(x)
     cuda_block.backend = None
     assert got.dtype == torch.bfloat16 and got.shape == expected.shape
-    # same routing and roundings; the reference adds the 8 expert rows one by one in bf16
+    # same routing and roundings, but the reference adds the 8 expert rows one by one in bf16
+    # (on CPU, grouped_mm against it at this shape: 4e-3)
     error = (got.float() - expected.float()).norm() / expected.float().norm()
-    assert error < 5e-3, error
+    assert error < 1e-2, error
     torch.testing.assert_close(got, expected, atol=2e-2, rtol=5e-2)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["triton", "grouped_mm"])
-def test_cuda_graph_replay_with_new_inputs_equals_eager(cuda_block, backend):
+@pytest.mark.parametrize("num_tokens", [4, 64])   # triton: masked decode tiles, then aligned blocks
+def test_cuda_graph_replay_with_new_inputs_equals_eager(cuda_block, backend, num_tokens):
     cuda_block.backend = backend
     gen = torch.Generator("cuda").manual_seed(7)
-    inputs = [torch.randn(4, THINKER["hidden_size"], generator=gen, device="cuda").to(torch.bfloat16)
+    inputs = [torch.randn(num_tokens, THINKER["hidden_size"], generator=gen, device="cuda").to(torch.bfloat16)
               for _ in range(3)]
     static_x = inputs[0].clone()
     with torch.no_grad():
