@@ -125,3 +125,14 @@ def test_an_unknown_backend_is_refused():
     weights, ids = route(2, 4, 2, torch.float32)
     with pytest.raises(ValueError, match="unknown MoE backend"):
         fused_moe.moe_experts(torch.randn(2, 32), weights, ids, gate_up, down, "cutlass")
+
+
+@pytest.mark.parametrize("num_tokens,num_experts,top_k,normalize", [(1, 128, 8, True), (7, 128, 8, True),
+                                                                      (5, 60, 4, False), (9, 8, 2, True)])
+def test_routing_kernel_matches_the_reference(num_tokens, num_experts, top_k, normalize):
+    gen = torch.Generator().manual_seed(num_tokens)
+    logits = torch.randn(num_tokens, num_experts, generator=gen)
+    weights, ids = fused_moe.routing(logits, top_k, normalize)
+    expected_weights, expected_ids = fused_moe.select_experts_reference(logits, top_k, normalize)
+    assert torch.equal(ids, expected_ids)
+    torch.testing.assert_close(weights, expected_weights, atol=1e-6, rtol=1e-5)
