@@ -237,3 +237,22 @@ def test_prefix_cache_is_keyed_by_media(engine):
     hits = cache.num_cached_tokens_hit
     ours(engine, long_prompt, (image(12),), n=3)
     assert cache.num_cached_tokens_hit - hits == 48    # only the pages before the image
+
+
+def test_a_full_checkpoint_folder_loads_its_thinker(checkpoint, engine, tmp_path):
+    """A Qwen3OmniMoeForConditionalGeneration folder: the thinker under `thinker.` and its
+    config under `thinker_config`; the Talker's and Code2Wav's tensors are skipped."""
+    from safetensors.torch import load_file, save_file
+
+    folder, _ = checkpoint
+    tensors = {f"thinker.{name}": t for name, t in load_file(folder / "model.safetensors").items()}
+    tensors["talker.model.norm.weight"] = torch.ones(4)
+    tensors["code2wav.code_embedding.weight"] = torch.zeros(2, 4)
+    save_file(tensors, tmp_path / "model.safetensors")
+    thinker_config = json.loads((folder / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_omni_moe", "thinker_config": thinker_config,
+                                                      "enable_audio_output": True}))
+    (tmp_path / "preprocessor_config.json").write_text((folder / "preprocessor_config.json").read_text())
+    ids, images, clips = CASES["audio+images"]
+    with Engine(EngineArgs(str(tmp_path), dtype="float32", device="cpu", max_model_len=512)) as full:
+        assert ours(full, ids, images, clips, n=6).token_ids == ours(engine, ids, images, clips, n=6).token_ids
