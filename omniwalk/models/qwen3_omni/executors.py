@@ -160,7 +160,8 @@ def assemble_media(prompt: ThinkerPrompt) -> PromptMedia | None:
 
 class ThinkerExecutor(CausalLMExecutor):
     """Node `thinker`: the language model, `inputs=("tokens",)` (a ThinkerPrompt to prefill,
-    then each sampled token), `outputs=("token", "logprobs")`."""
+    then each sampled token), `outputs=("token", "logprobs")`. Every stream's sequence is a
+    `ThinkerSequence` (made by `begin` from the prefill's ThinkerPrompt)."""
 
     def begin(self, stream, inputs) -> None:
         prompt = inputs["tokens"]
@@ -174,21 +175,21 @@ class ThinkerExecutor(CausalLMExecutor):
             inputs = {"tokens": prompt.token_ids}
         super().begin(stream, inputs)
 
-    def _prefix_key(self, sequence: SequenceState) -> list[int]:
-        keys = getattr(sequence, "cache_keys", None)
+    def _prefix_key(self, sequence: ThinkerSequence) -> list[int]:
+        keys = sequence.cache_keys
         if keys is None:
             return sequence.token_ids
         return keys + sequence.token_ids[len(keys):]
 
     def _eager_inputs(self, handles: list[int], query_lens: list[int]) -> tuple:
         sequences = [self.sequences[h] for h in handles]
-        if all(getattr(s, "media", None) is None for s in sequences):
+        if all(s.media is None for s in sequences):
             return ()
         rope, embed_rows, embeds, ds_rows, deepstack = [], [], [], [], []
         offset = 0   # the row's first token in the pass
         for sequence, count in zip(sequences, query_lens):
             start, end = sequence.num_computed, sequence.num_computed + count
-            media = getattr(sequence, "media", None)
+            media = sequence.media
             # the prompt's own (t, h, w) positions up to prompt_end, then text positions
             prompt_end = (max(start, min(end, sequence.prompt_len)) if media is not None and media.rope is not None
                           else start)

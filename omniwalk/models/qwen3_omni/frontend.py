@@ -31,6 +31,7 @@ from omniwalk.models.qwen3_omni.positions import prompt_positions
 from omniwalk.runtime import Request, StopConfig, StreamParams
 from omniwalk.tokenizer import encode
 
+
 class ThinkerTextFrontend(TextFrontend):
     """`TextFrontend` whose prompts may hold images and audio."""
 
