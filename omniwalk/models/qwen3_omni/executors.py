@@ -30,7 +30,7 @@ import torch
 from omniwalk.engine.causal_lm_executor import CausalLMExecutor, SequenceState
 from omniwalk.engine.host_to_device import to_device
 from omniwalk.models.qwen3_omni.positions import PromptPositions
-from omniwalk.models.qwen3_omni.thinker import ChunkMedia, Thinker
+from omniwalk.models.qwen3_omni.thinker import ChunkMedia
 from omniwalk.runtime.executor import NodeCall, NodeExecutor
 
 
@@ -48,17 +48,21 @@ class EncodedImage:
     deepstack: torch.Tensor    # [levels, tokens, hidden]
 
 
-class AudioEncoderExecutor(NodeExecutor):
-    """Node `audio_encoder`: features (list of [mels, frames]) -> audio_embeds (list of [tokens, hidden])."""
+class MediaEncoderExecutor(NodeExecutor):
+    """A stateless encoder node over one of the Thinker's encoders; a call's work is one unit."""
 
-    def __init__(self, thinker: Thinker, max_batch_size: int = 256):
-        self.encoder = thinker.audio_tower
+    def __init__(self, encoder: torch.nn.Module, max_batch_size: int = 256):
+        self.encoder = encoder
         self.max_batch_size = max_batch_size
-        weight = next(self.encoder.parameters())
+        weight = next(encoder.parameters())
         self.device, self.dtype = weight.device, weight.dtype
 
     def pending_work(self, stream) -> int:
         return 1
+
+
+class AudioEncoderExecutor(MediaEncoderExecutor):
+    """Node `audio_encoder`: features (list of [mels, frames]) -> audio_embeds (list of [tokens, hidden])."""
 
     @torch.inference_mode()
     def run(self, calls: list[NodeCall]) -> list[dict]:
@@ -67,18 +71,12 @@ class AudioEncoderExecutor(NodeExecutor):
         return [{"audio_embeds": [next(encoded) for _ in call.inputs["features"]]} for call in calls]
 
 
-class VisionEncoderExecutor(NodeExecutor):
+class VisionEncoderExecutor(MediaEncoderExecutor):
     """Node `vision_encoder`: images (list of ImagePatches) -> image_embeds (list of EncodedImage)."""
 
-    def __init__(self, thinker: Thinker, max_batch_size: int = 256):
-        self.encoder = thinker.visual
-        self.merge = thinker.config.vision.spatial_merge_size
-        self.max_batch_size = max_batch_size
-        weight = next(self.encoder.parameters())
-        self.device, self.dtype = weight.device, weight.dtype
-
-    def pending_work(self, stream) -> int:
-        return 1
+    def __init__(self, encoder: torch.nn.Module, merge_size: int, max_batch_size: int = 256):
+        super().__init__(encoder, max_batch_size)
+        self.merge = merge_size
 
     @torch.inference_mode()
     def run(self, calls: list[NodeCall]) -> list[dict]:

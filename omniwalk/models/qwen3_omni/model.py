@@ -85,8 +85,9 @@ class ThinkerModel:
         self.cache = cache
         self.graph = thinker_graph()
         self.executors = {
-            AUDIO_ENCODER.name: AudioEncoderExecutor(thinker, max_batch_size),
-            VISION_ENCODER.name: VisionEncoderExecutor(thinker, max_batch_size),
+            AUDIO_ENCODER.name: AudioEncoderExecutor(thinker.audio_tower, max_batch_size),
+            VISION_ENCODER.name: VisionEncoderExecutor(thinker.visual, thinker.config.vision.spatial_merge_size,
+                                                       max_batch_size),
             THINKER.name: ThinkerExecutor(thinker, cache, max_batch_size, decode_graphs),
         }
 

@@ -26,7 +26,7 @@ from torch import nn
 from omniwalk.engine.attention import PagedAttention
 from omniwalk.layers.moe import SparseMoeBlock
 from omniwalk.layers.norm import RMSNorm
-from omniwalk.layers.rotary import default_inv_freq
+from omniwalk.layers.rotary import RotaryEmbedding
 from omniwalk.models.decoder_lm.modeling import DecoderLayer
 from omniwalk.models.qwen3_omni.audio_encoder import AudioEncoder
 from omniwalk.models.qwen3_omni.config import ThinkerConfig
@@ -45,32 +45,22 @@ class ChunkMedia:
     deepstack: torch.Tensor | None = None        # [levels, m, hidden]: added after layers 0 .. levels-1
 
 
-class MultimodalRotary(nn.Module):
+class MultimodalRotary(RotaryEmbedding):
     """cos/sin of (t, h, w) positions with interleaved sections; one position per token
-    when all three are equal."""
+    when all three are equal (plain RoPE, `RotaryEmbedding`'s frequencies)."""
 
     def __init__(self, rotary_dim: int, theta: float, section: tuple[int, int, int]):
-        super().__init__()
-        pairs = rotary_dim // 2
-        axis = torch.zeros(pairs, dtype=torch.long)   # the position (0 t, 1 h, 2 w) each pair reads
+        super().__init__(rotary_dim, theta)
+        axis = torch.zeros(rotary_dim // 2, dtype=torch.long)   # the position (0 t, 1 h, 2 w) each pair reads
         for dim in (1, 2):
             axis[dim : section[dim] * 3 : 3] = dim
-        self.register_buffer("inv_freq", default_inv_freq(rotary_dim, theta), persistent=False)
         self.register_buffer("axis", axis, persistent=False)
-
-    def _apply(self, fn, recurse=True):
-        # like RotaryEmbedding: the frequencies stay fp32 whatever dtype the model moves to
-        exact = self.inv_freq
-        super()._apply(fn, recurse)
-        self.inv_freq = exact.to(self.inv_freq.device)
-        return self
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # positions: [num_tokens] or [3, num_tokens] -> cos, sin: [num_tokens, rotary_dim] fp32
         if positions.dim() == 1:
-            freqs = positions[:, None].float() * self.inv_freq[None, :]
-        else:
-            freqs = positions.float().index_select(0, self.axis).T * self.inv_freq[None, :]
+            return super().forward(positions)
+        freqs = positions.float().index_select(0, self.axis).T * self.inv_freq[None, :]
         angles = torch.cat((freqs, freqs), dim=-1)
         return angles.cos(), angles.sin()
 
