@@ -67,6 +67,8 @@ class EngineArgs:
     quantization: str | None = None     # fp8: the decoder's projections in FP8 (layers/fp8_linear.py)
     burst_window_ms: float = 2.0        # idle engine woken by a request: gather arrivals this close together
     startup_warmup: bool | None = None  # run the model's warm-up requests at start; None: on CUDA
+    engine_process: bool = False        # the engine loop (model, device) in a process of its own;
+                                        # `omniwalk serve` turns it on (--no-engine-process: a thread)
 
     def __post_init__(self):
         if self.dtype not in ("auto", "float32", "float16", "bfloat16"):

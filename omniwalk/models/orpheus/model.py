@@ -220,6 +220,11 @@ class HostPCM:
         self.copied = copied        # recorded after the copy (None: already on the host)
         self._array: np.ndarray | None = None
 
+    @staticmethod
+    def ready(samples: np.ndarray) -> "PendingPCM":
+        """A `PendingPCM` over samples already on the host (one that crossed from the engine process)."""
+        return PendingPCM(HostPCM(torch.from_numpy(samples).view(1, -1), None), 0, 0, samples.shape[0])
+
     def rows(self) -> np.ndarray:
         if self._array is None:   # once per forward, not once per row
             if self.copied is not None:
@@ -243,9 +248,18 @@ class PendingPCM:
     start: int
     end: int
 
+    def samples(self) -> np.ndarray:
+        """int16 samples (waits for the copy)."""
+        return self.host.rows()[self.row, self.start:self.end]
+
     def tobytes(self) -> bytes:
         """int16 little-endian mono samples."""
-        return self.host.rows()[self.row, self.start:self.end].astype("<i2", copy=False).tobytes()
+        return self.samples().astype("<i2", copy=False).tobytes()
+
+    def __reduce__(self):
+        # Out of an engine process: waits for the copy there (on its output thread) and
+        # crosses as the samples, an out-of-band buffer of the message (omniwalk.ipc).
+        return HostPCM.ready, (self.samples(),)
 
 
 class SnacDecoderExecutor(NodeExecutor):
