@@ -124,7 +124,7 @@ class Engine:
     (`EngineArgs.engine_process` off, the default here) or in an engine process of its own."""
 
     GC_YOUNG_THRESHOLD = GC_YOUNG_THRESHOLD
-    SHUTDOWN_TIMEOUT_S = 10.0
+    SHUTDOWN_TIMEOUT_S = 5.0   # for the loop to stop after its step, before it is killed
 
     def __init__(self, args: EngineArgs = EngineArgs(), loaded: LoadedModel | None = None):
         self.args = args
@@ -180,6 +180,11 @@ class Engine:
     def in_engine_process(self) -> bool:
         return isinstance(self._core, EngineProcess)
 
+    @property
+    def engine_pid(self) -> int | None:
+        """The engine process's id (None: the loop runs on a thread of this process)."""
+        return self._core.process.pid if isinstance(self._core, EngineProcess) else None
+
     # ------------------------------------------------------------ submitting
 
     def submit(self, request: Any, request_id: str | None = None,
@@ -224,10 +229,12 @@ class Engine:
             self._in_flight[request.request_id] = (prepared.processor, stream)
         try:
             self._core.send(AddRequest(request))
-        except ChannelClosed:   # the engine process just died; the output thread is failing the rest
+        except BaseException as exc:   # not sent: nothing will answer it
             with self._lock:
                 self._in_flight.pop(request.request_id, None)
-            raise RuntimeError("the engine is not running: its process is gone") from None
+            if isinstance(exc, ChannelClosed):   # the engine process just died; the output thread fails the rest
+                raise RuntimeError("the engine is not running: its process is gone") from None
+            raise   # a request that does not pickle: the frontend's bug
         return stream
 
     def abort(self, request_id: str) -> None:
@@ -300,10 +307,12 @@ class Engine:
             self._inspections[token] = future
         try:
             self._core.send(Inspect(token, function, args))
-        except ChannelClosed:
+        except BaseException as exc:   # a lambda or a closure does not travel to an engine process
             with self._lock:
                 self._inspections.pop(token, None)
-            raise RuntimeError("the engine is not running: its process is gone") from None
+            if isinstance(exc, ChannelClosed):
+                raise RuntimeError("the engine is not running: its process is gone") from None
+            raise
         return future.result(timeout)
 
     @property

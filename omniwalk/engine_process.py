@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 ORPHAN_EXIT_S = 2.0
 #: what the engine process runs (`-m omniwalk.engine_process` would import this module twice:
 #: once by the package, once as __main__)
-ENTRY = "import sys; from omniwalk.engine_process import main; sys.exit(main(int(sys.argv[1])))"   # the API process is gone: the loop gets this long to stop, then the process exits
+ENTRY = "import sys; from omniwalk.engine_process import run; run(int(sys.argv[1]))"   # the API process is gone: the loop gets this long to stop, then the process exits
 
 
 class EngineStartError(RuntimeError):
@@ -121,6 +121,7 @@ class EngineProcess:
             pass
         try:
             self.process.wait(timeout=timeout)
+            logger.info("engine process %d stopped (exit status %d)", self.process.pid, self.process.returncode)
         except subprocess.TimeoutExpired:
             logger.warning("engine process %d did not stop within %.0f s: killing it", self.process.pid, timeout)
             self._kill()
@@ -133,6 +134,21 @@ class EngineProcess:
 
 
 # ----------------------------------------------------------------------------- the engine process
+
+
+def run(fd: int) -> None:
+    """The engine process's entry point (ENTRY): `main`, then an exit that skips the
+    interpreter's teardown (the loop and the channel are closed; tearing down CUDA and the
+    compiled-kernel bindings would only add time and noise)."""
+    try:
+        code = main(fd)
+    except BaseException:
+        logger.exception("engine process failed")
+        code = 1
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def main(fd: int) -> int:

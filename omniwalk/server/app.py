@@ -37,6 +37,7 @@ routes, as vLLM answers, and a 422 elsewhere (with FastAPI's `detail` list as we
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import socket
@@ -188,13 +189,14 @@ def serve(args) -> None:
         raise
     loaded = engine.loaded
     name = getattr(args, "served_model_name", None) or loaded.name
-    logger.info("serving %r as %r: %s on %s, context %d tokens, KV cache %d tokens (%d pages of %d); engine loop %s",
-                loaded.name, name, loaded.dtype, loaded.device, loaded.max_model_len, loaded.kv_capacity_tokens,
-                loaded.kv_capacity_tokens // engine_args.page_size, engine_args.page_size,
-                "in its own process" if engine.in_engine_process else "on a thread")
+    logger.info("serving %r as %r on http://%s:%d: %s on %s, context %d tokens, KV cache %d tokens (%d pages of "
+                "%d); engine loop %s", loaded.name, name, host, port, loaded.dtype, loaded.device, loaded.max_model_len,
+                loaded.kv_capacity_tokens, loaded.kv_capacity_tokens // engine_args.page_size, engine_args.page_size,
+                f"in engine process {engine.engine_pid}" if engine.in_engine_process else "on a thread")
     if loaded.random_weights:
         logger.warning(random_weights_banner(loaded.name))
     app = build_app(engine, served_model_name=name)
+    app.router.lifespan_context = _stops(engine)
     config = uvicorn.Config(app, host=host, port=port, log_level=getattr(args, "log_level", "info"),
                             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
     try:
@@ -202,6 +204,17 @@ def serve(args) -> None:
     finally:
         engine.shutdown()
         sock.close()
+
+
+def _stops(engine: Engine):
+    """A lifespan that stops the engine when uvicorn shuts down: after SIGINT/SIGTERM uvicorn
+    re-raises the signal once it is done, so code after `Server.run` never runs."""
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        engine.shutdown()   # waits for the engine process (SHUTDOWN_TIMEOUT_S at most)
+
+    return lifespan
 
 
 def random_weights_banner(model: str) -> str:
