@@ -142,7 +142,11 @@ class Engine:
             self.loaded = loaded or load_model(args)
             self._core = EngineThread(args, self.loaded)   # warms up, if asked, before serving
         self.tokenizer = self.loaded.tokenizer
-        self._frontends: dict[type, Frontend] = {f.request_type: f for f in self.loaded.frontends()}
+        try:
+            self._frontends: dict[type, Frontend] = {f.request_type: f for f in self.loaded.frontends()}
+        except BaseException:   # leave no engine process behind
+            self._core.stop(timeout=self.SHUTDOWN_TIMEOUT_S)
+            raise
         self._seeds = random.Random(args.seed)
         self._ids = itertools.count()
         self._in_flight: dict[str, tuple[OutputProcessor, RequestStream]] = {}

@@ -257,5 +257,6 @@ class EngineThread:
 
     def stop(self, timeout: float) -> None:
         self.loop.put(Shutdown())
-        self._thread.join(timeout=timeout)
+        if self._thread.ident is not None:   # started
+            self._thread.join(timeout=timeout)
         self._outputs.put(None)

@@ -57,6 +57,7 @@ class EngineProcess:
     def __init__(self, args):
         from omniwalk.models.registry import runtime_registered_families
 
+        self._unreadable: str | None = None
         self.channel, theirs = Channel.pair()
         command = [sys.executable, "-c", ENTRY, str(theirs.fileno())]
         started = time.perf_counter()
@@ -96,12 +97,19 @@ class EngineProcess:
             return self.channel.recv()
         except ChannelClosed:
             return None
+        except Exception as exc:   # an output this process cannot unpickle: the protocol is broken
+            logger.exception("could not read the engine process's output")
+            self._unreadable = f"{type(exc).__name__}: {exc}"
+            self._kill()
+            return None
 
     def is_alive(self) -> bool:
         return self.process.poll() is None
 
     def exit_reason(self, wait_s: float = 2.0) -> str:
         """How the process ended, e.g. "was killed by SIGKILL" (waits for it briefly)."""
+        if self._unreadable is not None:
+            return f"sent an output this process cannot read ({self._unreadable}) and was stopped"
         try:
             code = self.process.wait(timeout=wait_s)
         except subprocess.TimeoutExpired:
