@@ -188,7 +188,12 @@ def main(fd: int) -> int:
     writer = threading.Thread(target=_write_outputs, args=(channel, outbox, inbox), name="omniwalk-engine-output",
                               daemon=True)
     writer.start()
-    loop.run()
+    # On a thread, as in an API process's engine thread: torch's CPU ops ran up to 4x slower
+    # on a process's main thread than on another one on the 2-core CPU host (tiny models on
+    # CPU: 10x slower speech); the main thread only waits.
+    runner = threading.Thread(target=loop.run, name="omniwalk-engine-loop")
+    runner.start()
+    runner.join()
     outbox.put(None)
     writer.join(timeout=10)
     channel.close()
