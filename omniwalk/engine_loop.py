@@ -10,7 +10,7 @@ to `send`. It knows nothing of tokenizers, HTTP or client streams: the API side
         idle?  collect garbage once, send stats (the heartbeat), sleep until a command, gather the burst
         else   outputs = runtime.step(); send(StepOutputs(outputs, stats))
 
-Where it runs: on a thread of the API process (`EngineThread`), or on the main thread of
+Where it runs: on a thread of the API process (`EngineThread`), or on a thread of
 an engine process of its own (`omniwalk.engine_process`); `send` is then a queue of that
 process's output thread, which pickles the messages onto the socket.
 """

@@ -5,7 +5,7 @@ detokenization, and no longer shares an interpreter lock with the loop.
     API process                                    engine process (python -c ENTRY FD)
     EngineProcess.__init__ --sys.path, EngineSetup--> main: load_model, Runtime, warm-up
                            <--EngineReady(ModelInfo)--    (or StartFailed, then exit 1)
-    Engine.submit ---------AddRequest / Abort ------> input thread -> Inbox -> EngineLoop.run (main thread)
+    Engine.submit ---------AddRequest / Abort ------> input thread -> Inbox -> EngineLoop.run (loop thread)
     Engine output thread <--StepOutputs + LoopStats--- output thread <- queue <-/
     Engine.shutdown -------Shutdown ----------------> the loop ends; exit 0
 
