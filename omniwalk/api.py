@@ -415,10 +415,10 @@ class Engine:
     def _die(self, reason: str) -> None:
         """The loop is gone: every request in flight ends now with `reason`, and no more are taken."""
         with self._lock:
-            if self._error is None:
-                self._error = reason
-        logger.error("%s; ending %d requests in flight", reason, len(self._in_flight))
-        self._end_all(reason)
+            first, self._error = self._error is None, self._error or reason
+        if first:   # a loop that raised, then its process's end: one report
+            logger.error("%s; ending %d requests in flight", reason, len(self._in_flight))
+        self._end_all(self._error)
 
     def _end_all(self, reason: str) -> None:
         with self._lock:

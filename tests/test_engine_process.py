@@ -39,6 +39,13 @@ def fails(runtime) -> None:
     raise KeyError("nothing here")
 
 
+def break_the_loop(runtime) -> None:
+    def step():
+        raise MemoryError("injected: out of memory in a step")
+
+    runtime.step = step
+
+
 @pytest.fixture(scope="module")
 def text_engine():
     with Engine(EngineArgs("tiny-qwen3", engine_process=True)) as engine:
@@ -119,3 +126,16 @@ def test_a_killed_engine_process_ends_every_request():
             engine.inspect(kv_pages)
     finally:
         engine.shutdown()   # returns: nothing left to wait for
+
+
+def test_a_loop_that_raises_ends_its_requests_with_the_reason():
+    """Not a batch's failure (those end one request): the loop itself raising, as an
+    allocator failure outside any batch would. Its requests end with the exception, the
+    engine process exits, and the engine refuses more."""
+    with Engine(EngineArgs("tiny-qwen3", engine_process=True)) as engine:
+        engine.inspect(break_the_loop)
+        result = engine.generate(["Hi"], max_tokens=5)[0]
+        assert result.finish_reason == "error" and "injected: out of memory in a step" in result.error
+        assert not engine.is_alive and "engine loop died" in engine.error
+        with pytest.raises(RuntimeError, match="engine loop died"):
+            engine.stream("Hi")
