@@ -37,10 +37,10 @@ from omniwalk.messages import (
 
 logger = logging.getLogger(__name__)
 
-ORPHAN_EXIT_S = 2.0
+ORPHAN_EXIT_S = 2.0   # the API process is gone: the loop gets this long to stop, then the process exits
 #: what the engine process runs (`-m omniwalk.engine_process` would import this module twice:
 #: once by the package, once as __main__)
-ENTRY = "import sys; from omniwalk.engine_process import run; run(int(sys.argv[1]))"   # the API process is gone: the loop gets this long to stop, then the process exits
+ENTRY = "import sys; from omniwalk.engine_process import run; run(int(sys.argv[1]))"
 
 
 class EngineStartError(RuntimeError):
@@ -160,6 +160,8 @@ def run(fd: int) -> None:
 
 
 def main(fd: int) -> int:
+    """Set up from the API process's messages, load, serve until `Shutdown` or the API
+    process's end; the exit status (0, or 1 when loading failed or the loop died)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the API process stops us in order
     sock = socket.socket(fileno=fd)
     sock.set_inheritable(False)                      # no child of ours may hold it open
