@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Every table of docs/benchmarks.md, one script after the other, raw JSON and logs in $OUT:
-#   bash benchmarks/all.sh                       text hybrid tts asr hf_baseline (~19 minutes on an H200)
+#   bash benchmarks/all.sh                       text hybrid tts asr hf_baseline (~25 minutes on an H200)
 #   bash benchmarks/all.sh text hybrid asr       the tables named (~7.5 minutes)
 #   bash benchmarks/all.sh tests                 the GPU tests (pytest -m gpu tests, ~4 minutes; the HTTP
 #                                                folders hold none and import the openai client)
-# Expected per table on an H200: text ~3, hybrid ~2, tts ~4, asr ~2.5, hf_baseline ~7 minutes.
-# A machine that allows 10 minutes a command takes them in three calls, e.g.
-# `all.sh tests text hybrid`, `all.sh tts asr`, `all.sh hf_baseline`. Goes on after a table
+# Expected per table on an H200: text ~6, hybrid ~2, tts ~7, asr ~2.5, hf_baseline ~7 minutes.
+# A machine that allows 10 minutes a command takes them in four calls, e.g.
+# `all.sh tests text`, `all.sh tts`, `all.sh hybrid asr`, `all.sh hf_baseline`. Goes on after a table
 # fails; exits 1 when any did.
 set -euo pipefail
 export OUT=${OUT:-benchmarks/results}

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The text table of docs/benchmarks.md: Qwen3-0.6B's shape (issue 4), decode throughput and
-# latency at 1, 32 and 128 requests in flight, in-process and over HTTP.
+# latency at 1, 32 and 128 requests in flight, in-process and over HTTP; with the engine loop
+# on a thread of the process that submits and detokenizes, and in an engine process of its
+# own (issue 22: `omniwalk serve`'s default, `--engine-process` for the in-process bench).
 #   bash benchmarks/text.sh              (repository root, one H200; raw JSON in ${OUT:-benchmarks/results})
-# Expected: ~3 minutes on an H200 (two in-process engines and one server: ~30 s to start
-# each; the runs ~1 minute together). HF on the same prompts: benchmarks/hf_baseline.sh.
+# Expected: ~6 minutes on an H200 (four in-process engines and two servers: ~30 s to start
+# each; the runs ~2.5 minutes together). HF on the same prompts: benchmarks/hf_baseline.sh.
 set -euo pipefail
 source benchmarks/setup_device.sh
 
@@ -13,10 +15,16 @@ MODEL=(benchmarks/qwen3-0.6b --load-format dummy --max-model-len 1024 --max-num-
        --max-num-batched-tokens 8192)
 WORKLOAD=(--tokenizer tiny-qwen3 --input-len 128 --output-len 256 --ignore-eos --seed 0)
 
+# in-process, the loop on a thread of the bench's process (the default of omniwalk.Engine)
 bench text-inproc-c1 240 --model "${MODEL[@]}" "${WORKLOAD[@]}" --concurrency 1 --num-requests 16 --warmup 2
 bench text-inproc-c32-c128 300 --model "${MODEL[@]}" "${WORKLOAD[@]}" --concurrency 32,128 --num-requests 512 --warmup 32
+# in-process, the loop in an engine process (the bench's asyncio and output processing apart from it)
+bench text-inproc-proc-c1 240 --model "${MODEL[@]}" --engine-process "${WORKLOAD[@]}" --concurrency 1 \
+  --num-requests 16 --warmup 2
+bench text-inproc-proc-c32-c128 300 --model "${MODEL[@]}" --engine-process "${WORKLOAD[@]}" --concurrency 32,128 \
+  --num-requests 512 --warmup 32
 
-# over HTTP: the server and the load generator in two processes, the same workloads
+# over HTTP: the load generator and `omniwalk serve` (its engine process: three processes), the same workloads
 PORT=${PORT:-8011}
 if start_server text-server "$PORT" "${MODEL[@]}"; then
   bench text-http-c1 120 --url "http://127.0.0.1:$PORT" "${WORKLOAD[@]}" --concurrency 1 --num-requests 16 --warmup 2
@@ -24,6 +32,15 @@ if start_server text-server "$PORT" "${MODEL[@]}"; then
   stop_server
 else
   BENCH_FAILED+=(text-server)
+fi
+# the same server with the loop on a thread of its process (--no-engine-process): the figure before issue 22
+if start_server text-server-thread "$PORT" "${MODEL[@]}" --no-engine-process; then
+  bench text-http-thread-c1 120 --url "http://127.0.0.1:$PORT" "${WORKLOAD[@]}" --concurrency 1 --num-requests 16 --warmup 2
+  bench text-http-thread-c32-c128 180 --url "http://127.0.0.1:$PORT" "${WORKLOAD[@]}" --concurrency 32,128 \
+    --num-requests 512 --warmup 32
+  stop_server
+else
+  BENCH_FAILED+=(text-server-thread)
 fi
 
 finish text

@@ -11,9 +11,12 @@ Callers use it from plain threads or from asyncio:
     async for chunk in engine.submit(GenerationRequest(prompt="Hello"), loop=asyncio.get_running_loop()): ...
     for chunk in engine.submit(SpeechRequest("Hello")): ...        # a model with the speech capability
 
-Threads: the loop thread owns the runtime and the device (`EngineLoop`); the output
-thread runs the output processors (detokenization, stop strings, audio bytes), mostly
-while the loop waits on the GPU with the interpreter lock released.
+Where the loop runs (`EngineArgs.engine_process`): on a thread of this process
+(`engine_loop.EngineThread`, the default of `Engine`), or in an engine process of its own
+(`engine_process.EngineProcess`, the default of `omniwalk serve`), which loads the model
+there; this process then reads only the model's files (tokenizer, config) for its
+frontends. Either way the same messages (`omniwalk.messages`) cross, and the output
+thread here runs the output processors (detokenization, stop strings, audio bytes).
 """
 
 from __future__ import annotations
@@ -29,18 +32,23 @@ import threading
 import time
 import weakref
 from collections import deque
+from concurrent.futures import Future
 from dataclasses import replace
-from typing import Any, AsyncIterator, Iterator
+from typing import Any, AsyncIterator, Callable, Iterator
+
+import torch
 
 from omniwalk.capabilities import Capability, Frontend, OutputProcessor, Prepared, capability_of
 from omniwalk.capabilities.text import (
     GenerationChunk, GenerationRequest, GenerationResult, Usage, collect_generation,
 )
 from omniwalk.engine.sampler import SamplingParams
-from omniwalk.engine_loop import EngineLoop
-from omniwalk.loading import EngineArgs, LoadedModel, load_model
-from omniwalk.messages import Abort, AddRequest, EngineOutput, LoopFailed, LoopStats, Shutdown
-from omniwalk.runtime import FinishReason, QueueFullError, RequestOutput, Runtime, SchedulerConfig
+from omniwalk.engine_loop import GC_YOUNG_THRESHOLD, EngineThread, quiet_gc
+from omniwalk.engine_process import EngineProcess
+from omniwalk.ipc import ChannelClosed
+from omniwalk.loading import EngineArgs, LoadedModel, load_model, loaded_model, read_model
+from omniwalk.messages import Abort, AddRequest, Inspect, InspectResult, LoopFailed, LoopStats, StepOutputs
+from omniwalk.runtime import FinishReason, QueueFullError, RequestOutput, Runtime, ServedModel
 
 logger = logging.getLogger(__name__)
 
@@ -112,65 +120,48 @@ class RequestStream:
 
 
 class Engine:
-    """Loads a model and serves its capabilities from a background loop thread."""
+    """Loads a model and serves its capabilities from an engine loop on a background thread
+    (`EngineArgs.engine_process` off, the default here) or in an engine process of its own."""
 
-    GC_YOUNG_THRESHOLD = 50_000   # net new containers between young collections (CPython: 700)
+    GC_YOUNG_THRESHOLD = GC_YOUNG_THRESHOLD
+    SHUTDOWN_TIMEOUT_S = 5.0   # for the loop to stop after its step, before it is killed
 
     def __init__(self, args: EngineArgs = EngineArgs(), loaded: LoadedModel | None = None):
         self.args = args
-        self.loaded = loaded or load_model(args)
+        self._core: EngineThread | EngineProcess
+        if args.engine_process:
+            if loaded is not None:
+                raise ValueError("an engine process loads its model itself: pass EngineArgs alone "
+                                 "(or engine_process=False)")
+            ctx = read_model(args)   # what the frontends need, without the weights; a bad name fails here
+            self._core = EngineProcess(args)
+            info = self._core.info
+            self.loaded = replace(loaded_model(ctx, info.max_model_len, info.kv_capacity_tokens),
+                                  device=torch.device(info.device), dtype=getattr(torch, info.dtype))
+        else:
+            self.loaded = loaded or load_model(args)
+            self._core = EngineThread(args, self.loaded)   # warms up, if asked, before serving
         self.tokenizer = self.loaded.tokenizer
-        self.model = self.loaded.served
-        self._frontends: dict[type, Frontend] = {f.request_type: f for f in self.loaded.frontends()}
-        # `submit` enforces max_num_seqs + max_queue requests in flight and answers QueueFullError
-        # synchronously. The runtime's own queue bound must not be tighter: requests added
-        # between two steps wait there even while slots are free, and a refusal from the
-        # loop thread would reach the caller as an error chunk instead of a 429.
-        self.runtime = Runtime(self.model, SchedulerConfig(
-            args.max_num_seqs, args.max_num_batched_tokens, args.max_queue + args.max_num_seqs))
+        try:
+            self._frontends: dict[type, Frontend] = {f.request_type: f for f in self.loaded.frontends()}
+        except BaseException:   # leave no engine process behind
+            self._core.stop(timeout=self.SHUTDOWN_TIMEOUT_S)
+            raise
         self._seeds = random.Random(args.seed)
         self._ids = itertools.count()
         self._in_flight: dict[str, tuple[OutputProcessor, RequestStream]] = {}
-        self._lock = threading.Lock()
+        self._inspections: dict[int, Future] = {}
+        self._lock = threading.Lock()   # guards _in_flight, _inspections and _error together
         self._stopping = False
-        self._outputs: queue.SimpleQueue[EngineOutput | None] = queue.SimpleQueue()
-        self._loop = EngineLoop(self.runtime, self._outputs.put, args.burst_window_ms)
-        if args.startup_warmup if args.startup_warmup is not None else self.loaded.device.type == "cuda":
-            self._warm_up()
-        # What exists now (model, tokenizer, imported modules: ~10^5 objects) lives as long
-        # as the engine. Frozen, it is not scanned again by the oldest-generation collections
-        # that the per-step garbage sets off: each costs milliseconds, every few dozen steps
-        # at 128 streams (vLLM does the same). `shutdown` unfreezes it.
-        gc.collect()
-        gc.freeze()
-        # A step holds thousands of short-lived containers at once (at 256 streams: calls,
-        # outputs, chunks); at CPython's default the youngest generation is collected
-        # several times a step and whatever is alive then is promoted, which sets off
-        # full collections: ~0.3 ms a step, and a 27-34 ms pause in the first 35 steps of
-        # half the 256-request waves measured on the H200 host. Requests free their
-        # objects by reference counting (the runtime breaks their one cycle), so rarer
-        # young collections cost no memory (one still pauses 12-50 ms when it comes).
-        self._gc_threshold = gc.get_threshold()
-        gc.set_threshold(max(self._gc_threshold[0], self.GC_YOUNG_THRESHOLD), *self._gc_threshold[1:])
+        self._error: str | None = None
+        self._stats = LoopStats(heartbeat=time.monotonic())
+        self._gc_threshold = quiet_gc()   # `shutdown` undoes it
         self._output_thread = threading.Thread(target=self._process_outputs, name="omniwalk-outputs", daemon=True)
         self._output_thread.start()
-        self._thread = threading.Thread(target=self._loop.run, name="omniwalk-engine-loop", daemon=True)
-        self._thread.start()
+        self._core.start()
         # stop the loop before the interpreter tears down (a daemon thread killed mid-step
         # can abort the process); a weak reference keeps atexit from holding the engine
         atexit.register(_shutdown_if_alive, weakref.ref(self))
-
-    def _warm_up(self) -> None:
-        """Run the model's warm-up requests through the runtime before serving: the Triton
-        variants of an eager prefill and of eager sampling are compiled on first use (~1 s
-        on an H200), which would otherwise be a server's first request's. Leaves no request
-        behind, and the runtime's counters as they were."""
-        requests = self.loaded.warmup_requests()
-        if not requests:
-            return
-        start = time.perf_counter()
-        self._loop.warm_up(requests)
-        logger.info("warm-up: %d requests in %.2f s", len(requests), time.perf_counter() - start)
 
     # ------------------------------------------------------------ capabilities
 
@@ -189,14 +180,23 @@ class Engine:
     def max_model_len(self) -> int:
         return self.loaded.max_model_len
 
+    @property
+    def in_engine_process(self) -> bool:
+        return isinstance(self._core, EngineProcess)
+
+    @property
+    def engine_pid(self) -> int | None:
+        """The engine process's id (None: the loop runs on a thread of this process)."""
+        return self._core.process.pid if isinstance(self._core, EngineProcess) else None
+
     # ------------------------------------------------------------ submitting
 
     def submit(self, request: Any, request_id: str | None = None,
                loop: asyncio.AbstractEventLoop | None = None) -> RequestStream:
         """Prepare `request` (a GenerationRequest, SpeechRequest, TranscriptionRequest, ...)
         with the model's frontend for it and enqueue it; returns its stream of chunks (async
-        when `loop` is given). Raises ValueError (bad input, or a capability the model lacks)
-        or QueueFullError (server full)."""
+        when `loop` is given). Raises ValueError (bad input, or a capability the model lacks),
+        QueueFullError (server full) or RuntimeError (the engine is not running)."""
         self._check_running()
         frontend = self._frontends.get(type(request))
         if frontend is None:
@@ -215,8 +215,8 @@ class Engine:
         return self._seeds.getrandbits(63)
 
     def _check_running(self) -> None:
-        if self._loop.error is not None:
-            raise RuntimeError(f"the engine loop died: {self._loop.error!r}")
+        if self._error is not None:
+            raise RuntimeError(f"the engine is not running: {self._error}")
         if self._stopping:
             raise RuntimeError("the engine is shut down")
 
@@ -224,17 +224,28 @@ class Engine:
         request = prepared.request
         request.arrival = time.monotonic()
         stream = RequestStream(self, request.request_id, prepared.prompt_token_ids, loop)
-        with self._lock:
+        with self._lock:   # with the death check: a request is either failed by `_die` or refused here
+            self._check_running()
             if request.request_id in self._in_flight:
                 raise ValueError(f"duplicate request id {request.request_id!r}")
             if len(self._in_flight) >= self.args.max_num_seqs + self.args.max_queue:
                 raise QueueFullError(f"server full: {len(self._in_flight)} requests in flight")
             self._in_flight[request.request_id] = (prepared.processor, stream)
-        self._loop.put(AddRequest(request))
+        try:
+            self._core.send(AddRequest(request))
+        except BaseException as exc:   # not sent: nothing will answer it
+            with self._lock:
+                self._in_flight.pop(request.request_id, None)
+            if isinstance(exc, ChannelClosed):   # the engine process just died; the output thread fails the rest
+                raise RuntimeError("the engine is not running: its process is gone") from None
+            raise   # a request that does not pickle: the frontend's bug
         return stream
 
     def abort(self, request_id: str) -> None:
-        self._loop.put(Abort(request_id))
+        try:
+            self._core.send(Abort(request_id))
+        except ChannelClosed:   # nothing left to abort: the engine process is gone
+            pass
 
     # ------------------------------------------------------------ text conveniences
 
@@ -258,14 +269,80 @@ class Engine:
     def stream_async(self, request: GenerationRequest, request_id: str | None = None) -> RequestStream:
         return self.submit(request, request_id, loop=asyncio.get_running_loop())
 
+    # ------------------------------------------------------------ state and debugging
+
+    @property
+    def is_alive(self) -> bool:
+        """The loop runs and takes requests."""
+        return self._error is None and not self._stopping and self._core.is_alive()
+
+    @property
+    def error(self) -> str | None:
+        """Why the engine stopped serving (None while it serves)."""
+        return self._error or ("the engine is shut down" if self._stopping else None)
+
+    @property
+    def stats(self) -> LoopStats:
+        """The loop's counters after the last step whose outputs were delivered (so a
+        finished result's step is counted), or its last heartbeat."""
+        return self._stats
+
+    @property
+    def last_heartbeat(self) -> float:
+        return self._stats.heartbeat
+
+    @property
+    def steps(self) -> int:
+        return self._stats.steps
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._in_flight)
+
+    def inspect(self, function: Callable[..., Any], *args: Any, timeout: float = 30.0) -> Any:
+        """`function(runtime, *args)`, run on the engine loop between two steps: a debugging
+        and testing aid (counting free KV pages, injecting a fault). With an engine process
+        it runs there: `function` must be importable (module level) and its value picklable.
+        Raises RuntimeError when it raised."""
+        future: Future = Future()
+        with self._lock:
+            self._check_running()
+            token = next(self._ids)
+            self._inspections[token] = future
+        try:
+            self._core.send(Inspect(token, function, args))
+        except BaseException as exc:   # a lambda or a closure does not travel to an engine process
+            with self._lock:
+                self._inspections.pop(token, None)
+            if isinstance(exc, ChannelClosed):
+                raise RuntimeError("the engine is not running: its process is gone") from None
+            raise
+        return future.result(timeout)
+
+    @property
+    def runtime(self) -> Runtime:
+        """The runtime itself (tests, notebooks), only where the loop runs on a thread of this
+        process; prefer `stats` and `inspect`, which work in both modes."""
+        if not isinstance(self._core, EngineThread):
+            raise AttributeError("the runtime lives in the engine process: use Engine.stats or Engine.inspect")
+        return self._core.runtime
+
+    @property
+    def model(self) -> ServedModel:
+        """The served model (graph, plan, executors), only where the loop runs on a thread of this process."""
+        if self.loaded.served is None:
+            raise AttributeError("the model lives in the engine process: use Engine.stats or Engine.inspect")
+        return self.loaded.served
+
     # ------------------------------------------------------------ lifecycle
 
     def shutdown(self) -> None:
+        if self._stopping:
+            return
         self._stopping = True
-        self._loop.put(Shutdown())
-        self._thread.join(timeout=10)
-        self._outputs.put(None)
-        self._output_thread.join(timeout=10)
+        self._core.stop(timeout=self.SHUTDOWN_TIMEOUT_S)
+        self._output_thread.join(timeout=self.SHUTDOWN_TIMEOUT_S)
+        self._end_all("the engine was shut down")   # nothing would ever answer them
         gc.unfreeze()   # a shut-down engine's objects may be collected again
         gc.set_threshold(*self._gc_threshold)
 
@@ -275,47 +352,32 @@ class Engine:
     def __exit__(self, *exc):
         self.shutdown()
 
-    @property
-    def is_alive(self) -> bool:
-        return self._thread.is_alive() and self._loop.error is None
-
-    @property
-    def loop_error(self) -> BaseException | None:
-        return self._loop.error
-
-    @property
-    def stats(self) -> LoopStats:
-        return self._loop.stats
-
-    @property
-    def last_heartbeat(self) -> float:
-        return self._loop.stats.heartbeat
-
-    @property
-    def steps(self) -> int:
-        return self._loop.stats.steps
-
-    @property
-    def num_in_flight(self) -> int:
-        return len(self._in_flight)
-
     # ------------------------------------------------------------ the output thread
 
     def _process_outputs(self) -> None:
-        while (message := self._outputs.get()) is not None:
-            if isinstance(message, LoopFailed):
-                outputs = [RequestOutput(request_id, finished=True, finish_reason=FinishReason.ERROR,
-                                         error=message.error) for request_id in list(self._in_flight)]
-            else:
-                outputs = message.outputs
-            batch = _AsyncBatch()
-            for out in outputs:
-                try:
-                    self._deliver(out, batch)
-                except Exception as exc:   # one request's output processing failed: end it alone
-                    logger.exception("output processing failed for %s", out.request_id)
-                    self._fail(out.request_id, exc)
-            batch.send()
+        while (message := self._core.recv()) is not None:
+            if isinstance(message, StepOutputs):
+                if message.stats is not None:
+                    self._stats = message.stats   # before the outputs: a finished result's step is counted
+                self._deliver_all(message.outputs)
+            elif isinstance(message, LoopStats):
+                self._stats = message
+            elif isinstance(message, InspectResult):
+                self._answer(message)
+            elif isinstance(message, LoopFailed):
+                self._die(message.error)
+        if not self._stopping:   # the engine process is gone without being asked to stop
+            self._die(f"the engine process {self._core.exit_reason()}")
+
+    def _deliver_all(self, outputs: list[RequestOutput]) -> None:
+        batch = _AsyncBatch()
+        for out in outputs:
+            try:
+                self._deliver(out, batch)
+            except Exception as exc:   # one request's output processing failed: end it alone
+                logger.exception("output processing failed for %s", out.request_id)
+                self._fail(out.request_id, exc)
+        batch.send()
 
     def _deliver(self, out: RequestOutput, batch: "_AsyncBatch | None" = None) -> None:
         entry = self._in_flight.get(out.request_id)
@@ -339,6 +401,33 @@ class Engine:
             self.abort(request_id)
             processor, stream = entry
             stream._put(processor.error_chunk(f"{type(exc).__name__}: {exc}"))
+
+    def _answer(self, result: InspectResult) -> None:
+        with self._lock:
+            future = self._inspections.pop(result.token, None)
+        if future is None:
+            return
+        if result.error is not None:
+            future.set_exception(RuntimeError(result.error))
+        else:
+            future.set_result(result.value)
+
+    def _die(self, reason: str) -> None:
+        """The loop is gone: every request in flight ends now with `reason`, and no more are taken."""
+        with self._lock:
+            first, self._error = self._error is None, self._error or reason
+        if first:   # a loop that raised, then its process's end: one report
+            logger.error("%s; ending %d requests in flight", reason, len(self._in_flight))
+        self._end_all(self._error)
+
+    def _end_all(self, reason: str) -> None:
+        with self._lock:
+            ids, inspections = list(self._in_flight), list(self._inspections.values())
+            self._inspections.clear()
+        self._deliver_all([RequestOutput(request_id, finished=True, finish_reason=FinishReason.ERROR, error=reason)
+                           for request_id in ids])
+        for future in inspections:
+            future.set_exception(RuntimeError(reason))
 
 
 def _shutdown_if_alive(engine_ref) -> None:

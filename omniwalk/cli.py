@@ -17,8 +17,11 @@ from omniwalk.server.media import DEFAULT_MAX_MEDIA_BYTES
 _DEFAULTS = EngineArgs()
 
 
-def _add_engine_flags(parser: argparse.ArgumentParser, seed: bool = True) -> None:
+def _add_engine_flags(parser: argparse.ArgumentParser, seed: bool = True, engine_process: bool = False) -> None:
     group = parser.add_argument_group("engine")
+    group.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=engine_process,
+                       help="run the engine loop (model, device) in a process of its own, apart from the API "
+                            "side's HTTP, tokenization and detokenization (default: %(default)s)")
     group.add_argument("--dtype", default=_DEFAULTS.dtype, choices=["auto", "float32", "float16", "bfloat16"])
     group.add_argument("--device", default=_DEFAULTS.device, help="auto, cpu, cuda, cuda:1, ...")
     group.add_argument("--load-format", default=_DEFAULTS.load_format, choices=["auto", "dummy"],
@@ -70,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "(default: none; data: URLs only)")
     media.add_argument("--max-media-bytes", type=int, default=DEFAULT_MAX_MEDIA_BYTES,
                        help="the most bytes one image or audio item may have (default: 20 MiB)")
-    _add_engine_flags(serve)
+    _add_engine_flags(serve, engine_process=True)
 
     generate = commands.add_parser("generate", help="generate once, in-process, and print the text")
     generate.add_argument("model")
@@ -126,6 +129,9 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from omniwalk.engine_process import EngineStartError
+    from omniwalk.server.app import PortInUseError
+
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -141,6 +147,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:   # bad flags or a bad request: a message, not a traceback
         print(f"omniwalk: error: {exc}", file=sys.stderr)
         return 2
+    except (EngineStartError, PortInUseError) as exc:   # the engine process logged its traceback
+        print(f"omniwalk: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:   # Ctrl-C while loading: the engine process is gone too
+        return 130
 
 
 if __name__ == "__main__":

@@ -1,14 +1,18 @@
 """The engine loop: the one owner of the runtime, the model and the device.
 
-It takes typed commands (`messages.AddRequest`, `Abort`, `Shutdown`), runs runtime steps
-while anything is unfinished, and hands each step's outputs to `send`. It knows nothing
-of tokenizers, HTTP or client streams: the API side (`omniwalk.api.Engine`) prepares
-requests and turns outputs into client chunks.
+It takes typed commands (`messages.AddRequest`, `Abort`, `Inspect`, `Shutdown`), runs
+runtime steps while anything is unfinished, and hands each step's outputs, with its stats,
+to `send`. It knows nothing of tokenizers, HTTP or client streams: the API side
+(`omniwalk.api.Engine`) prepares requests and turns outputs into client chunks.
 
     while not shut down:
-        take commands                    add / abort in the runtime
-        idle?  collect garbage once, sleep until a command, gather the burst
-        else   outputs = runtime.step(); send(StepOutputs(outputs)); publish LoopStats
+        take commands                    add / abort in the runtime, answer inspections
+        idle?  collect garbage once, send stats (the heartbeat), sleep until a command, gather the burst
+        else   outputs = runtime.step(); send(StepOutputs(outputs, stats))
+
+Where it runs: on a thread of the API process (`EngineThread`), or on a thread of
+an engine process of its own (`omniwalk.engine_process`); `send` is then a queue of that
+process's output thread, which pickles the messages onto the socket.
 """
 
 from __future__ import annotations
@@ -18,36 +22,53 @@ import logging
 import queue
 import threading
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from omniwalk.messages import (
-    Abort, AddRequest, EngineCommand, EngineOutput, LoopFailed, LoopStats, Shutdown, StepOutputs,
+    Abort, AddRequest, EngineCommand, EngineOutput, Inspect, InspectResult, LoopFailed, LoopStats, Shutdown,
+    StepOutputs,
 )
-from omniwalk.runtime import FinishReason, QueueFullError, Request, RequestOutput, Runtime
+from omniwalk.runtime import FinishReason, QueueFullError, Request, RequestOutput, Runtime, SchedulerConfig
+
+if TYPE_CHECKING:
+    from omniwalk.loading import EngineArgs, LoadedModel
 
 logger = logging.getLogger(__name__)
+
+
+class Inbox:
+    """The loop's commands, put from any thread; a put wakes an idle loop."""
+
+    def __init__(self):
+        self.commands: queue.SimpleQueue[EngineCommand] = queue.SimpleQueue()
+        self.wakeup = threading.Event()
+
+    def put(self, command: EngineCommand) -> None:
+        self.commands.put(command)
+        self.wakeup.set()
 
 
 class EngineLoop:
     """Runs `runtime` on the calling thread of `run()` until a `Shutdown` command."""
 
-    BURST_LIMIT_S = 0.05   # an idle loop gathering a burst waits this long at most
+    BURST_LIMIT_S = 0.05      # an idle loop gathering a burst waits this long at most
+    STATS_INTERVAL_S = 0.25   # stats without outputs (steps that emit nothing, the idle heartbeat)
+    IDLE_WAIT_S = 0.5         # an idle loop wakes this often to send its heartbeat
 
-    def __init__(self, runtime: Runtime, send: Callable[[EngineOutput], None], burst_window_ms: float):
+    def __init__(self, runtime: Runtime, send: Callable[[EngineOutput], None], burst_window_ms: float,
+                 inbox: Inbox | None = None):
         self.runtime = runtime
         self.send = send
         self.burst_window_s = burst_window_ms / 1000
-        self.commands: queue.SimpleQueue[EngineCommand] = queue.SimpleQueue()
-        self.wakeup = threading.Event()
+        self.inbox = inbox or Inbox()
         self.stopping = False
         self.error: BaseException | None = None
-        self.stats = LoopStats(heartbeat=time.monotonic())
         self._steps = 0
+        self._stats_sent = 0.0
 
     def put(self, command: EngineCommand) -> None:
         """From any thread."""
-        self.commands.put(command)
-        self.wakeup.set()
+        self.inbox.put(command)
 
     def warm_up(self, requests: list[Request]) -> None:
         """Runs `requests` to the end before serving (what the first real requests would
@@ -69,7 +90,6 @@ class EngineLoop:
         try:
             stepped_since_collection = False
             while not self.stopping:
-                self._publish_stats()
                 self._take_commands()
                 if not self.runtime.has_unfinished:
                     if stepped_since_collection:
@@ -79,27 +99,38 @@ class EngineLoop:
                         # waves measured on the H200 hosts, inside their time to first audio).
                         gc.collect(1)
                         stepped_since_collection = False
-                    if self.wakeup.wait(timeout=0.5):
-                        self.wakeup.clear()
+                    self._send_stats()
+                    if self.inbox.wakeup.wait(timeout=self.IDLE_WAIT_S):
+                        self.inbox.wakeup.clear()
                         self._gather_burst()
                     continue
                 outputs = self.runtime.step()
+                self._steps += 1
                 stepped_since_collection = True
                 if outputs:
-                    self.send(StepOutputs(outputs))
-                self._steps += 1
+                    self._stats_sent = time.monotonic()
+                    self.send(StepOutputs(outputs, self.stats(self._stats_sent)))
+                else:
+                    self._send_stats()
         except BaseException as exc:   # keep the process up; /health reports it
             logger.exception("engine loop died")
             self.error = exc
             self.send(LoopFailed(f"engine loop died: {exc!r}"))
 
-    def _publish_stats(self) -> None:
+    def stats(self, now: float) -> LoopStats:
         runtime = self.runtime
         cache = getattr(runtime.model, "cache", None)   # the paged KV cache of the backbone
         allocator = cache.allocator if cache is not None else None
-        self.stats = LoopStats(
-            self._steps, time.monotonic(), len(runtime.waiting), len(runtime.running), runtime.num_preemptions,
-            allocator.num_used if allocator is not None else 0, allocator.num_pages if allocator is not None else 0)
+        return LoopStats(
+            self._steps, now, len(runtime.waiting), len(runtime.running), runtime.num_preemptions,
+            allocator.num_used if allocator is not None else 0, allocator.num_pages if allocator is not None else 0,
+            dict(runtime.walk_counts), dict(runtime.node_batches))
+
+    def _send_stats(self) -> None:
+        now = time.monotonic()
+        if now - self._stats_sent >= self.STATS_INTERVAL_S:
+            self._stats_sent = now
+            self.send(self.stats(now))
 
     def _gather_burst(self) -> None:
         """Woken from idle: take commands while they keep arriving, each within the burst
@@ -115,14 +146,15 @@ class EngineLoop:
         deadline = time.monotonic() + self.BURST_LIMIT_S
         while not self.stopping and time.monotonic() < deadline:
             time.sleep(self.burst_window_s)
-            if self.commands.empty():
+            if self.inbox.commands.empty():
                 return
             self._take_commands()
 
     def _take_commands(self) -> None:
+        commands = self.inbox.commands
         while True:
             try:
-                command = self.commands.get_nowait()
+                command = commands.get_nowait()
             except queue.Empty:
                 return
             if isinstance(command, AddRequest):
@@ -132,6 +164,8 @@ class EngineLoop:
                 if not self.runtime.abort(command.request_id):
                     self.send(StepOutputs([RequestOutput(command.request_id, finished=True,
                                                          finish_reason=FinishReason.ABORT)]))
+            elif isinstance(command, Inspect):
+                self.send(self._inspect(command))
             elif isinstance(command, Shutdown):
                 self.stopping = True
 
@@ -141,3 +175,88 @@ class EngineLoop:
         except (ValueError, QueueFullError) as exc:
             self.send(StepOutputs([RequestOutput(request.request_id, finished=True,
                                                  finish_reason=FinishReason.ERROR, error=str(exc))]))
+
+    def _inspect(self, command: Inspect) -> InspectResult:
+        try:
+            return InspectResult(command.token, command.function(self.runtime, *command.args))
+        except Exception as exc:   # a debugging aid: its failure is its caller's, not the loop's
+            return InspectResult(command.token, error=f"{type(exc).__name__}: {exc}")
+
+
+def start_loop(args: "EngineArgs", loaded: "LoadedModel", send: Callable[[EngineOutput], None],
+               inbox: Inbox | None = None) -> EngineLoop:
+    """A runtime over `loaded.served` and its loop, warmed up when `args` asks for it (on CUDA
+    by default): the family's warm-up requests compile now what the first real requests
+    would (Triton variants of an eager prefill and of eager sampling: ~1 s on an H200)."""
+    # `Engine.submit` enforces max_num_seqs + max_queue requests in flight and answers
+    # QueueFullError synchronously. The runtime's own queue bound must not be tighter:
+    # requests added between two steps wait there even while slots are free, and a refusal
+    # from the loop would reach the caller as an error chunk instead of a 429.
+    runtime = Runtime(loaded.served, SchedulerConfig(args.max_num_seqs, args.max_num_batched_tokens,
+                                                     args.max_queue + args.max_num_seqs))
+    loop = EngineLoop(runtime, send, args.burst_window_ms, inbox)
+    if args.startup_warmup if args.startup_warmup is not None else loaded.device.type == "cuda":
+        requests = loaded.warmup_requests()
+        if requests:
+            start = time.perf_counter()
+            loop.warm_up(requests)
+            logger.info("warm-up: %d requests in %.2f s", len(requests), time.perf_counter() - start)
+    return loop
+
+
+#: net new containers between young collections (CPython: 700)
+GC_YOUNG_THRESHOLD = 50_000
+
+
+def quiet_gc() -> tuple[int, int, int]:
+    """Freezes what exists now and collects the young generation less often; returns the
+    previous thresholds (`gc.set_threshold(*them)` and `gc.unfreeze()` undo it).
+
+    What exists now (model, tokenizer, imported modules: ~10^5 objects) lives as long as the
+    engine. Frozen, it is not scanned again by the oldest-generation collections that the
+    per-step garbage sets off: each costs milliseconds, every few dozen steps at 128 streams
+    (vLLM does the same). A step holds thousands of short-lived containers at once (at 256
+    streams: calls, outputs, chunks); at CPython's default the youngest generation is
+    collected several times a step and whatever is alive then is promoted, which sets off
+    full collections: ~0.3 ms a step, and a 27-34 ms pause in the first 35 steps of half
+    the 256-request waves measured on the H200 host. Requests free their objects by
+    reference counting (the runtime breaks their one cycle), so rarer young collections
+    cost no memory (one still pauses 12-50 ms when it comes)."""
+    gc.collect()
+    gc.freeze()
+    previous = gc.get_threshold()
+    gc.set_threshold(max(previous[0], GC_YOUNG_THRESHOLD), *previous[1:])
+    return previous
+
+
+class EngineThread:
+    """The loop on a thread of this process (`EngineArgs.engine_process` off): commands go
+    into its inbox, its outputs come out of a queue; the model is right here (`runtime`)."""
+
+    def __init__(self, args: "EngineArgs", loaded: "LoadedModel"):
+        self._outputs: queue.SimpleQueue[EngineOutput | None] = queue.SimpleQueue()
+        self.loop = start_loop(args, loaded, self._outputs.put)
+        self.runtime = self.loop.runtime
+        self._thread = threading.Thread(target=self.loop.run, name="omniwalk-engine-loop", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def send(self, command: EngineCommand) -> None:
+        self.loop.put(command)
+
+    def recv(self) -> EngineOutput | None:
+        """The next output; None once stopped."""
+        return self._outputs.get()
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def exit_reason(self) -> str:
+        return f"the engine loop died: {self.loop.error!r}" if self.loop.error else "the engine loop stopped"
+
+    def stop(self, timeout: float) -> None:
+        self.loop.put(Shutdown())
+        if self._thread.ident is not None:   # started
+            self._thread.join(timeout=timeout)
+        self._outputs.put(None)

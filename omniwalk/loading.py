@@ -2,8 +2,9 @@
 loading pipeline for every family.
 
     load_model(args)
-      family, folder   a built-in name (`tiny-<family>`) or a folder's config.json -> registry
-      read_source      config, tokenizer, EOS ids, random or checkpoint weights
+      read_model       (files only; the API process of an engine process runs just this)
+        family, folder a built-in name (`tiny-<family>`) or a folder's config.json -> registry
+        read_source    config, tokenizer, EOS ids, random or checkpoint weights, `source`
       build            the family's module on the device in the dtype, weights filled
       after_weights    what must precede graph capture (Orpheus: the sampled id range)
       quantize         --quantization, where the family takes it
@@ -66,6 +67,8 @@ class EngineArgs:
     quantization: str | None = None     # fp8: the decoder's projections in FP8 (layers/fp8_linear.py)
     burst_window_ms: float = 2.0        # idle engine woken by a request: gather arrivals this close together
     startup_warmup: bool | None = None  # run the model's warm-up requests at start; None: on CUDA
+    engine_process: bool = False        # the engine loop (model, device) in a process of its own;
+                                        # `omniwalk serve` turns it on (--no-engine-process: a thread)
 
     def __post_init__(self):
         if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
@@ -88,10 +91,13 @@ class EngineArgs:
 
 @dataclass
 class LoadedModel:
-    """A model ready to serve, with what the API layer needs to know about it."""
+    """A model ready to serve, with what the API layer needs to know about it.
+
+    `served` (graph, plan, executors, the weights on the device) exists only where the
+    engine loop runs: in the engine process, the API process holds everything else, which
+    is all its frontends need (`frontends()`)."""
 
     name: str
-    served: "ServedModel"                 # graph, plan, executors (the runtime's view)
     config: Any                           # the family's config of its main module
     tokenizer: object
     device: torch.device
@@ -99,18 +105,17 @@ class LoadedModel:
     max_model_len: int
     eos_token_ids: frozenset[int]
     random_weights: bool
-    family: "ModelFamily | None" = None
-
-    @property
-    def kv_capacity_tokens(self) -> int:
-        return self.served.cache.shape.capacity_tokens
+    family: "ModelFamily | None"
+    kv_capacity_tokens: int               # tokens the paged KV cache holds (prompt + output budget checks)
+    source: dict[str, Any] = field(default_factory=dict)   # LoadContext.source: read from the files, device-free
+    served: "ServedModel | None" = None   # graph, plan, executors (the runtime's view); None away from the model
 
     def frontends(self) -> list["Frontend"]:
         """The capabilities it serves, bound to what is loaded (its tokenizer, context, EOS ids)."""
         return [] if self.family is None else list(self.family.frontends(self))
 
     def warmup_requests(self) -> list["Request"]:
-        """The family's warm-up requests (none where it declares none)."""
+        """The family's warm-up requests (none where it declares none); needs `served`."""
         if self.family is None or self.family.warmup is None:
             return []
         return self.family.warmup(self)
@@ -129,6 +134,10 @@ class LoadContext:
     tokenizer: object = None
     eos_token_ids: frozenset[int] = frozenset()
     random_weights: bool = True
+    #: what `read_source` found beside config, tokenizer and EOS ids that the frontends use
+    #: (Orpheus: token layout, codec config; Whisper: generation config, log-mel features);
+    #: read from files, never on the device: the API process reads it too (engine in its own process)
+    source: dict[str, Any] = field(default_factory=dict)
     module: torch.nn.Module | None = None     # the module whose weights the checkpoint fills
     resources: dict[str, Any] = field(default_factory=dict)   # allocated before the KV cache
     slot_resource: Any = None             # per-stream slots the decode graphs bind (state pool, cross-attention)
@@ -150,8 +159,10 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return getattr(torch, dtype)
 
 
-def load_model(args: EngineArgs) -> LoadedModel:
-    """A built-in name or a local Hugging Face folder, through the one loading pipeline."""
+def read_model(args: EngineArgs) -> LoadContext:
+    """Steps 1-2 of loading: the family, then config, tokenizer, EOS ids and what else the
+    files say (`LoaderSpec.read_source`). Reads files only, so the API process of an engine
+    in its own process runs it too, for its frontends; a bad model name fails here."""
     from omniwalk.models.registry import BUILTIN_MODELS, FAMILIES, family_for_hf_config
 
     if args.model in BUILTIN_MODELS:
@@ -167,8 +178,14 @@ def load_model(args: EngineArgs) -> LoadedModel:
                          f"(supported: {', '.join(family.quantizations) or 'none'})")
     device = resolve_device(args.device)
     ctx = LoadContext(args, family, folder, device, resolve_dtype(args.dtype, device))
-    spec = family.loader
-    (spec.read_source or read_model_source)(ctx)
+    (family.loader.read_source or read_model_source)(ctx)
+    return ctx
+
+
+def load_model(args: EngineArgs) -> LoadedModel:
+    """A built-in name or a local Hugging Face folder, through the one loading pipeline."""
+    ctx = read_model(args)
+    family, folder, spec = ctx.family, ctx.folder, ctx.family.loader
     rename = None if spec.rename is None else (lambda name: spec.rename(ctx.config, name))
     ctx.module = build_module(lambda: spec.build(ctx.config), ctx.device, ctx.dtype, ctx.random_weights,
                               args.seed, folder, rename=rename)
@@ -191,8 +208,15 @@ def load_model(args: EngineArgs) -> LoadedModel:
                 args.model, family.name, ctx.dtype, ctx.device, ", random weights" if ctx.random_weights else "",
                 shape.capacity_tokens, shape.num_pages, shape.page_size,
                 ", prefix caching" if ctx.cache.enable_prefix_caching else "")
-    return LoadedModel(args.model, served, ctx.config, ctx.tokenizer, ctx.device, ctx.dtype, ctx.max_model_len,
-                       ctx.eos_token_ids, ctx.random_weights, family)
+    return loaded_model(ctx, ctx.max_model_len, shape.capacity_tokens, served)
+
+
+def loaded_model(ctx: LoadContext, max_model_len: int, kv_capacity_tokens: int,
+                 served: "ServedModel | None" = None) -> LoadedModel:
+    """What `read_model` found, with the sizes only loading the model tells (and the model itself
+    where it is here)."""
+    return LoadedModel(ctx.args.model, ctx.config, ctx.tokenizer, ctx.device, ctx.dtype, max_model_len,
+                       ctx.eos_token_ids, ctx.random_weights, ctx.family, kv_capacity_tokens, ctx.source, served)
 
 
 def _prefix_caching(ctx: LoadContext) -> bool:

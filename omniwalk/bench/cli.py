@@ -191,7 +191,8 @@ def backend_factory(args: argparse.Namespace):
     try:
         loaded = engine.loaded
         yield (f"in-process {loaded.name} ({loaded.dtype}, {loaded.device}, max_num_seqs "
-               f"{engine.args.max_num_seqs})", engine, lambda: InProcessBackend(engine, args.ignore_eos))
+               f"{engine.args.max_num_seqs}, engine loop {_where(engine)})", engine,
+               lambda: InProcessBackend(engine, args.ignore_eos))
     finally:
         engine.shutdown()
 
@@ -210,15 +211,25 @@ async def _phases(make_backend, warmup, measured, gaps, concurrency, label, show
     return warm, result
 
 
-def _gpu_peak(engine, reset: bool) -> int | None:
-    import torch
+def _where(engine) -> str:
+    return "in its own process" if engine.in_engine_process else "on a thread"
 
+
+def _gpu_peak(engine, reset: bool) -> int | None:
     if engine is None or engine.loaded.device.type != "cuda":
         return None
+    return engine.inspect(cuda_peak_memory, str(engine.loaded.device), reset)   # where the model is
+
+
+def cuda_peak_memory(runtime, device: str, reset: bool) -> int | None:
+    """On the engine loop (`Engine.inspect`, the engine process if there is one): the peak
+    bytes allocated on `device`, or None after resetting it."""
+    import torch
+
     if reset:
-        torch.cuda.reset_peak_memory_stats(engine.loaded.device)
+        torch.cuda.reset_peak_memory_stats(device)
         return None
-    return int(torch.cuda.max_memory_allocated(engine.loaded.device))
+    return int(torch.cuda.max_memory_allocated(device))
 
 
 def _one_run(args, engine, make_backend, warmup, measured, concurrency, hf) -> dict:

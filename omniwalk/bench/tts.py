@@ -88,7 +88,8 @@ def tts_backend_factory(args: argparse.Namespace):
     try:
         loaded = engine.loaded
         yield (f"in-process {loaded.name} speech ({loaded.dtype}, {loaded.device}, max_num_seqs "
-               f"{engine.args.max_num_seqs})", engine, lambda: InProcessSpeechBackend(engine, args.voice,
+               f"{engine.args.max_num_seqs}, engine loop "
+               f"{'in its own process' if engine.in_engine_process else 'on a thread'})", engine, lambda: InProcessSpeechBackend(engine, args.voice,
                                                                                        args.ignore_eos))
     finally:
         engine.shutdown()

@@ -33,6 +33,29 @@ def unregister(name: str) -> None:
 
 for _family in (decoder_lm.QWEN3, decoder_lm.LLAMA, qwen3_5.FAMILY, orpheus.FAMILY, whisper.FAMILY, qwen3_omni.FAMILY):
     register(_family)
+_BUILT_IN = frozenset(FAMILIES)
+
+
+def runtime_registered_families() -> list[tuple[str, str]]:
+    """The families `register`ed from outside the package, as (module, attribute) where a
+    loaded module holds each: how an engine process (a fresh interpreter) registers them too.
+    A family that no module holds is left out, with a warning."""
+    import logging
+    import sys
+
+    found = []
+    for name, family in FAMILIES.items():
+        if name in _BUILT_IN:
+            continue
+        where = next(((module_name, attribute) for module_name, module in list(sys.modules.items())
+                      if module_name != "__main__" and module is not None
+                      for attribute, value in list(vars(module).items()) if value is family), None)
+        if where is None:
+            logging.getLogger(__name__).warning("model family %r is held by no module: an engine process "
+                                                "cannot load it (use EngineArgs(engine_process=False))", name)
+        else:
+            found.append(where)
+    return found
 
 
 def family_for_hf_config(hf: dict) -> ModelFamily:

@@ -1,7 +1,7 @@
-"""The HTTP server: a thin FastAPI layer over one in-process `Engine`.
+"""The HTTP server: a thin FastAPI layer over one `Engine`.
 
     build_app(engine) -> FastAPI      routes, error handling, metrics of one engine
-    serve(args)                       `omniwalk serve`: load the model, run uvicorn
+    serve(args)                       `omniwalk serve`: bind the port, start the engine, run uvicorn
 
 Routes:
 
@@ -18,11 +18,16 @@ Routes:
                                  transcription capability answers 400)
 
 Routes follow the served model's capabilities (`engine.capabilities`), never its family.
-    GET  /health                 200 while the engine loop lives and moves, else 503
+    GET  /health                 200 while the engine loop lives and moves, else 503 (a dead engine
+                                 process: {"status": "dead", "error": why})
     GET  /metrics                Prometheus text                              (metrics.py)
 
-Threads: the engine's loop thread owns the model; handlers run on the asyncio loop and
+Processes: `omniwalk serve` runs the engine loop (the model, the device) in an engine
+process of its own (`--no-engine-process`: a thread of this one); this process keeps
+HTTP, validation, tokenization and detokenization. Handlers run on the asyncio loop and
 talk to the engine only through `engine.submit(..., loop=...)` and the request streams.
+If the engine process dies, the requests in flight end with an error at once and the
+server stays up answering 503 (/health too) until it is restarted.
 
 Errors are answered in the OpenAI envelope {"error": {"message", "type", "param", "code"}}
 with the HTTP status in `code`: 400 bad values (the engine's ValueError message), 404
@@ -33,7 +38,10 @@ routes, as vLLM answers, and a 422 elsewhere (with FastAPI's `detail` list as we
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
+import socket
 import time
 from pathlib import Path
 
@@ -82,9 +90,9 @@ def _add_operations(app: FastAPI, ctx: ServerContext, stall_seconds: float) -> N
 
     @app.get("/health")
     async def health():
-        """503 when the loop thread is dead, or busy with requests but silent for `stall_seconds`."""
+        """503 when the engine is dead, or busy with requests but silent for `stall_seconds`."""
         if not engine.is_alive:
-            return JSONResponse({"status": "dead", "error": repr(engine.loop_error)}, status_code=503)
+            return JSONResponse({"status": "dead", "error": engine.error}, status_code=503)
         silent_for = time.monotonic() - engine.last_heartbeat
         if silent_for > stall_seconds and engine.num_in_flight > 0:
             return JSONResponse({"status": "stuck", "seconds_since_heartbeat": round(silent_for, 3)},
@@ -142,29 +150,77 @@ def _describe(error: dict) -> dict:
 # ----------------------------------------------------------------------------- serve
 
 
+#: seconds uvicorn lets open requests finish after SIGINT/SIGTERM before cancelling them
+#: (then the engine stops: both processes are gone well within 10 s)
+GRACEFUL_SHUTDOWN_S = 3
+
+
+class PortInUseError(RuntimeError):
+    """The address `serve` was asked to listen on is taken."""
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """The server's socket, bound before the model loads: a second server on a port another
+    one listens on fails at once instead of after loading. Bound as uvicorn binds
+    (SO_REUSEADDR: a restart does not wait for old connections in TIME_WAIT); it listens
+    once uvicorn serves, so connections are refused while the model loads."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise PortInUseError(f"{host}:{port} is already in use (another server?)") from None
+        raise PortInUseError(f"cannot listen on {host}:{port}: {exc}") from None
+    return sock
+
+
 def serve(args) -> None:
     """`omniwalk serve`: `args` is the argparse namespace of the CLI."""
     import uvicorn
 
     from omniwalk.loading import EngineArgs
 
+    host, port = getattr(args, "host", "127.0.0.1"), getattr(args, "port", 8000)
     engine_args = EngineArgs(**{name: getattr(args, name) for name in EngineArgs.__dataclass_fields__
                                 if hasattr(args, name)})
     media = media_options(args)   # bad flags fail before the model loads
-    engine = Engine(engine_args)
+    sock = bind_socket(host, port)
+    try:
+        engine = Engine(engine_args)
+    except BaseException:
+        sock.close()
+        raise
     loaded = engine.loaded
     name = getattr(args, "served_model_name", None) or loaded.name
-    logger.info("serving %r as %r: %s on %s, context %d tokens, KV cache %d tokens (%d pages of %d)",
-                loaded.name, name, loaded.dtype, loaded.device, loaded.max_model_len, loaded.kv_capacity_tokens,
-                loaded.served.cache.shape.num_pages, loaded.served.cache.shape.page_size)
+    logger.info("serving %r as %r on http://%s:%d: %s on %s, context %d tokens, KV cache %d tokens (%d pages of "
+                "%d); engine loop %s", loaded.name, name, host, port, loaded.dtype, loaded.device, loaded.max_model_len,
+                loaded.kv_capacity_tokens, loaded.kv_capacity_tokens // engine_args.page_size, engine_args.page_size,
+                f"in engine process {engine.engine_pid}" if engine.in_engine_process else "on a thread")
     if loaded.random_weights:
         logger.warning(random_weights_banner(loaded.name))
     app = build_app(engine, served_model_name=name, media=media)
+    app.router.lifespan_context = _stops(engine)
+    config = uvicorn.Config(app, host=host, port=port, log_level=getattr(args, "log_level", "info"),
+                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
     try:
-        uvicorn.run(app, host=getattr(args, "host", "127.0.0.1"), port=getattr(args, "port", 8000),
-                    log_level=getattr(args, "log_level", "info"))
+        uvicorn.Server(config).run(sockets=[sock])
     finally:
         engine.shutdown()
+        sock.close()
+
+
+def _stops(engine: Engine):
+    """A lifespan that stops the engine when uvicorn shuts down: after SIGINT/SIGTERM uvicorn
+    re-raises the signal once it is done, so code after `Server.run` never runs."""
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        engine.shutdown()   # waits for the engine process (SHUTDOWN_TIMEOUT_S at most)
+
+    return lifespan
 
 
 def media_options(args) -> MediaOptions:

@@ -121,7 +121,7 @@ class Generation:
     def __init__(self, ctx: ServerContext, requests: list, request_id: str, submit: Submit | None = None,
                  loop: asyncio.AbstractEventLoop | None = None):
         if not ctx.engine.is_alive:
-            raise ApiError(503, f"the engine is not running ({ctx.engine.loop_error!r})")
+            raise ApiError(503, f"the engine is not running ({ctx.engine.error})")
         start = time.monotonic()
         loop = loop or asyncio.get_running_loop()
         self.request_id = request_id

@@ -6,7 +6,8 @@ Two kinds of values:
   prompt and generated token counts, time to first token, time per output token and
   end-to-end latency;
 * engine state, read at scrape time by a collector: waiting and running requests,
-  requests in flight, KV cache pages used and free, engine steps and preemptions.
+  requests in flight, KV cache pages used and free, engine steps and preemptions (the
+  loop's last `LoopStats`, which the engine process sends with each step's outputs).
 
 Definitions (measured at the server, on the asyncio side, when a chunk arrives):
 

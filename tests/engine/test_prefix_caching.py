@@ -62,7 +62,7 @@ def test_prefix_caching_under_preemption_keeps_outputs():
         with Engine(args) as engine:
             results[kv_tokens] = [r.token_ids for r in engine.generate(prompts, max_tokens=30, ignore_eos=True)]
             if kv_tokens:
-                assert engine.runtime.num_preemptions > 0
+                assert engine.stats.num_preemptions > 0
             assert engine.model.cache.allocator.num_free == engine.model.cache.allocator.num_pages
     assert results[None] == results[200]
 

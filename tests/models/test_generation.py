@@ -15,6 +15,7 @@ import transformers
 
 from omniwalk import Engine, EngineArgs, GenerationRequest, SamplingParams
 from omniwalk.engine.causal_lm_executor import CausalLMExecutor
+from omniwalk.engine_loop import EngineLoop
 from omniwalk.tokenizer import encode
 
 TOKENIZER_DIR = Path(__file__).parents[2] / "omniwalk" / "models" / "assets" / "tiny-tokenizer"
@@ -35,7 +36,7 @@ def greedy(max_tokens, **kw):
 
 @pytest.mark.parametrize("n", [1, 2, 3, 64])
 def test_exactly_n_tokens_with_ignore_eos(engine, n):
-    before = dict(engine.runtime.walk_counts)
+    before = dict(engine.stats.walk_counts)
     [result] = engine.generate(["Hello there"], **greedy(n, ignore_eos=True))
     assert len(result.token_ids) == n and result.usage.output_tokens == n
     assert result.finish_reason == "length"
@@ -43,8 +44,8 @@ def test_exactly_n_tokens_with_ignore_eos(engine, n):
     assert [t for c in streamed for t in c.token_ids] == result.token_ids
     assert "".join(c.text for c in streamed) == result.text
     assert streamed[-1].finished and streamed[-1].usage.output_tokens == n
-    decodes = engine.runtime.walk_counts["decode"] - before.get("decode", 0)
-    prefills = engine.runtime.walk_counts["prefill"] - before.get("prefill", 0)
+    decodes = engine.stats.walk_counts.get("decode", 0) - before.get("decode", 0)
+    prefills = engine.stats.walk_counts.get("prefill", 0) - before.get("prefill", 0)
     assert prefills == 2
     assert decodes == (0 if n == 1 else 2)   # N = 1 ends at its prefill: no decode walk at all
 
@@ -128,7 +129,7 @@ def test_preemption_under_a_tiny_kv_cache_keeps_outputs(engine):
     small = EngineArgs(engine.args.model, kv_cache_tokens=160, page_size=8, max_num_batched_tokens=32)
     with Engine(small) as tight:
         results = tight.generate(prompts, **greedy(40, ignore_eos=True))
-        assert tight.runtime.num_preemptions > 0
+        assert tight.stats.num_preemptions > 0
         assert tight.model.cache.allocator.num_free == tight.model.cache.allocator.num_pages
     assert [r.token_ids for r in results] == [r.token_ids for r in expected]
 
@@ -149,7 +150,7 @@ def test_cancel_mid_decode_frees_every_page(engine):
         assert final.finished and final.finish_reason == "abort"
         assert received == final.usage.output_tokens < budget
     deadline = time.monotonic() + 10
-    while (engine.num_in_flight or engine.runtime.running) and time.monotonic() < deadline:
+    while (engine.num_in_flight or engine.stats.num_running) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert allocator.num_free == free_before
     assert not engine.model.executors["backbone"].sequences
@@ -206,7 +207,7 @@ def test_a_burst_arriving_at_an_idle_engine_is_prefilled_together():
             streams.append(engine.submit(GenerationRequest(prompt=f"request {i}", max_tokens=1)))
             time.sleep(0.001)
         assert all(len(list(stream)) >= 1 for stream in streams)
-        assert engine.runtime.node_batches["backbone"] == 1   # max_tokens=1: each ends at its prefill
+        assert engine.stats.node_batches.get("backbone", 0) == 1   # max_tokens=1: each ends at its prefill
 
 
 @pytest.mark.parametrize("window", [-1, 101])
@@ -286,7 +287,7 @@ def test_chunked_prefill_gives_identical_outputs():
     for budget in (8, 4096):
         with Engine(EngineArgs("tiny-qwen3", max_num_batched_tokens=budget, enable_prefix_caching=False)) as engine:
             runs[budget] = [r.token_ids for r in engine.generate(prompts, max_tokens=20, ignore_eos=True)]
-            batches = engine.runtime.node_batches["backbone"]
+            batches = engine.stats.node_batches.get("backbone", 0)
         if budget == 8:
             assert batches > 20 + 130 // 8      # the long prompts really took several steps
     assert runs[8] == runs[4096]
@@ -314,13 +315,13 @@ def test_startup_warmup_leaves_no_trace(record_batch_sizes, model):
 
 def test_startup_warmup_is_on_by_default_only_on_cuda(monkeypatch):
     ran = []
-    monkeypatch.setattr(Engine, "_warm_up", lambda self: ran.append(self.loaded.device.type))
+    monkeypatch.setattr(EngineLoop, "warm_up", lambda self, requests: ran.append(len(requests)))
     with Engine(EngineArgs("tiny-qwen3")):
         pass
     assert ran == []   # CPU
     with Engine(EngineArgs("tiny-qwen3", startup_warmup=True)):
         pass
-    assert ran == ["cpu"]
+    assert ran == [8]
 
 
 def test_an_engine_going_idle_collects_the_young_generations_there(monkeypatch):

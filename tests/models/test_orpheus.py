@@ -31,6 +31,7 @@ from omniwalk.models.orpheus.model import (
 from omniwalk.models.orpheus.snac import (
     SNAC_24KHZ, SeededNoise, SnacConfig, SnacDecoder, init_random_snac, load_snac_state, torch_global_noise,
 )
+from omniwalk.capabilities import Capability
 from omniwalk.capabilities.speech import SpeechRequest, collect_speech, synthesize
 
 TOKENIZER_DIR = Path(__file__).parents[2] / "omniwalk" / "models" / "assets" / "tiny-tokenizer"
@@ -304,7 +305,7 @@ def assert_audio_codes(engine, token_ids: list[int]) -> None:
 
 @pytest.mark.parametrize("n", [1, 7, 8, 28, 29, pytest.param(200, marks=pytest.mark.slow)])
 def test_exactly_n_codes_and_the_documented_samples(engine, n):
-    before = dict(engine.runtime.walk_counts)
+    before = dict(engine.stats.walk_counts)
     result = synthesize(engine, speech(n))
     chunks = list(engine.submit(speech(n)))
 
@@ -313,7 +314,7 @@ def test_exactly_n_codes_and_the_documented_samples(engine, n):
     frames = n // 7                               # a partial frame is dropped, never padded
     usage = result.usage
     assert (usage.output_tokens, usage.codes, usage.frames) == (n, n, frames)
-    assert usage.samples == len(result.pcm) // 2 == samples_received(frames, engine.model.frame_samples)
+    assert usage.samples == len(result.pcm) // 2 == samples_received(frames, engine.frontend(Capability.SPEECH).frame_samples)
     assert samples_received(frames) == frames * 2048    # snac_24khz's frame: 4 latent steps x 512
 
     # streamed == collected, byte for byte; and the bytes are the documented windows
@@ -323,7 +324,7 @@ def test_exactly_n_codes_and_the_documented_samples(engine, n):
     assert all(c.pcm for c in chunks[:-1])       # codes alone wait for the next audio chunk
     assert result.pcm == expected_pcm(engine, result.token_ids, seed=11)
 
-    walks = {k: v - before.get(k, 0) for k, v in engine.runtime.walk_counts.items()}
+    walks = {k: v - before.get(k, 0) for k, v in engine.stats.walk_counts.items()}
     assert walks["prefill"] == 2
     assert walks.get("decode", 0) == (0 if n == 1 else 2)    # N = 1 ends at its prefill
     if n >= 200:   # streaming: audio arrives while codes are still being generated
@@ -341,12 +342,12 @@ def test_partial_frames_add_no_audio(engine):
 @pytest.mark.slow
 def test_32_concurrent_speech_requests(engine):
     budgets = [1 + (i * 13) % 90 for i in range(32)]
-    walks, batches = engine.runtime.walk_counts["vocode"], engine.runtime.node_batches["snac_decoder"]
+    walks, batches = engine.stats.walk_counts.get("vocode", 0), engine.stats.node_batches.get("snac_decoder", 0)
     streams = [engine.submit(speech(n, seed=100 + i)) for i, n in enumerate(budgets)]
     results = [collect_speech(stream) for stream in streams]
-    walks = engine.runtime.walk_counts["vocode"] - walks
-    assert engine.runtime.node_batches["snac_decoder"] - batches < walks    # windows of several requests per forward
-    frame = engine.model.frame_samples
+    walks = engine.stats.walk_counts.get("vocode", 0) - walks
+    assert engine.stats.node_batches.get("snac_decoder", 0) - batches < walks    # windows of several requests per forward
+    frame = engine.frontend(Capability.SPEECH).frame_samples
     for i, (n, result) in enumerate(zip(budgets, results)):
         assert result.error is None and result.finish_reason == "length"
         assert len(result.token_ids) == n and result.usage.codes == n
@@ -417,7 +418,7 @@ def test_end_of_speech_stops_and_is_never_audio(engine, monkeypatch):
     assert k % 7 and k >= 28        # a partial frame before the stop, and streamed windows
     assert stopped.token_ids == free.token_ids[:k] + [eos]
     assert stopped.usage.output_tokens == k + 1 and stopped.usage.codes == k
-    assert stopped.usage.samples == samples_received(k // 7, engine.model.frame_samples)
+    assert stopped.usage.samples == samples_received(k // 7, engine.frontend(Capability.SPEECH).frame_samples)
     same_codes = synthesize(engine, speech(k, seed=13, top_p=1.0))
     assert stopped.pcm == same_codes.pcm      # the stop item added nothing
     streamed = list(engine.submit(speech(200, seed=13, top_p=1.0, ignore_eos=False)))

@@ -420,14 +420,14 @@ def test_greedy_ids_and_logprobs_equal_hf_generate(hf_checkpoint, tokenizer, eng
 
 @pytest.mark.parametrize("n", [1, 2, 3, pytest.param(64, marks=pytest.mark.slow)])
 def test_exactly_n_tokens_with_ignore_eos(engine, n):
-    before = dict(engine.runtime.walk_counts)
+    before = dict(engine.stats.walk_counts)
     [result] = engine.generate(["Hello there"], **greedy(n, ignore_eos=True))
     assert len(result.token_ids) == n and result.usage.output_tokens == n
     assert result.finish_reason == "length"
     streamed = list(engine.stream("Hello there", **greedy(n, ignore_eos=True)))
     assert [t for c in streamed for t in c.token_ids] == result.token_ids
-    decodes = engine.runtime.walk_counts["decode"] - before.get("decode", 0)
-    assert engine.runtime.walk_counts["prefill"] - before.get("prefill", 0) == 2
+    decodes = engine.stats.walk_counts.get("decode", 0) - before.get("decode", 0)
+    assert engine.stats.walk_counts.get("prefill", 0) - before.get("prefill", 0) == 2
     assert decodes == (0 if n == 1 else 2)   # N = 1 ends at its prefill: no decode walk at all
 
 
@@ -464,7 +464,7 @@ def test_cancel_mid_decode_frees_slots_and_pages(engine):
         assert final.finished and final.finish_reason == "abort"
         assert received == final.usage.output_tokens < budget
     deadline = time.monotonic() + 10
-    while (engine.num_in_flight or engine.runtime.running) and time.monotonic() < deadline:
+    while (engine.num_in_flight or engine.stats.num_running) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert allocator.num_free == pages_before and pool.num_free == slots_before
     assert not pool.slots and not engine.model.executors["backbone"].sequences
@@ -478,7 +478,7 @@ def test_preemption_under_a_tiny_kv_cache_keeps_outputs(engine):
                        max_num_batched_tokens=32)
     with Engine(small) as tight:
         results = tight.generate(prompts, **greedy(40, ignore_eos=True))
-        assert tight.runtime.num_preemptions > 0
+        assert tight.stats.num_preemptions > 0
         assert tight.model.cache.allocator.num_free == tight.model.cache.allocator.num_pages
         assert state_pool(tight).num_free == state_pool(tight).num_slots
     assert [r.token_ids for r in results] == [r.token_ids for r in expected]

@@ -180,14 +180,14 @@ def stream_ids(engine, request):
 def test_exactly_n_tokens_without_eos(engine, checkpoint, n):
     _, model, _ = checkpoint
     audio = CLIPS["chirp-11s"]
-    before = dict(engine.runtime.walk_counts)
+    before = dict(engine.stats.walk_counts)
     result = transcribe(engine, greedy(audio, n, language="en"))
     assert result.token_ids == hf_generate(model, audio, language="en", max_new_tokens=n)
     assert len(result.token_ids) == result.usage.output_tokens == n and result.finish_reason == "length"
     ids, text, final = stream_ids(engine, greedy(audio, n, language="en"))
     assert (ids, text) == (result.token_ids, result.text) and final.usage.output_tokens == n
-    decodes = engine.runtime.walk_counts["decode"] - before.get("decode", 0)
-    assert engine.runtime.walk_counts["prefill"] - before.get("prefill", 0) == 2
+    decodes = engine.stats.walk_counts.get("decode", 0) - before.get("decode", 0)
+    assert engine.stats.walk_counts.get("prefill", 0) - before.get("prefill", 0) == 2
     assert decodes == (0 if n == 1 else 2)   # N = 1 ends at its prefill: no decode walk at all
 
 
@@ -253,11 +253,11 @@ def test_16_concurrent_transcriptions_equal_each_alone(engine):
     requests = [greedy(clip(kinds[i % 3], 2 + 3 * i, seed=i), 12, language=None if i % 4 == 0 else "en")
                 for i in range(16)]
     alone = [transcribe(engine, r).token_ids for r in requests]
-    batches_before = engine.runtime.node_batches["encoder"]
+    batches_before = engine.stats.node_batches.get("encoder", 0)
     streams = [engine.submit(r) for r in requests]
     together = [[t for c in s for t in c.token_ids] for s in streams]
     assert together == alone
-    assert engine.runtime.node_batches["encoder"] - batches_before < 16     # encoder batches were shared
+    assert engine.stats.node_batches.get("encoder", 0) - batches_before < 16     # encoder batches were shared
 
 
 @pytest.mark.slow
@@ -268,7 +268,7 @@ def test_preemption_under_a_tiny_kv_cache_keeps_outputs(engine):
     with Engine(tight_args) as tight:
         streams = [tight.submit(r) for r in requests]
         assert [[t for c in s for t in c.token_ids] for s in streams] == expected
-        assert tight.runtime.num_preemptions > 0
+        assert tight.stats.num_preemptions > 0
         model = tight.model
         assert model.cache.allocator.num_free == model.cache.allocator.num_pages
         assert model.cross.num_free == model.cross.shape.num_slots
@@ -296,7 +296,7 @@ def test_cancel_frees_pages_and_cross_attention_slots():
             assert final.finished and final.finish_reason == "abort"
             assert received == final.usage.output_tokens < final.usage.windows * budget_per_window
         deadline = time.monotonic() + 10
-        while (engine.num_in_flight or engine.runtime.running) and time.monotonic() < deadline:
+        while (engine.num_in_flight or engine.stats.num_running) and time.monotonic() < deadline:
             time.sleep(0.01)
         assert model.cache.allocator.num_free == model.cache.allocator.num_pages
         assert model.cross.num_free == model.cross.shape.num_slots == 4

@@ -1,8 +1,10 @@
-"""A real server on a loopback port: uvicorn in a background thread over an in-process Engine."""
+"""A real server on a loopback port: uvicorn in a background thread over an Engine whose loop
+runs in an engine process of its own, as `omniwalk serve` runs it."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import socket
 import threading
 import time
@@ -46,18 +48,19 @@ class RunningServer:
 
     @property
     def initial_free_pages(self) -> int:
-        return self.engine.model.cache.allocator.num_pages
+        return self.engine.stats.kv_pages_total
 
     def wait_idle(self, timeout: float = 10.0) -> None:
-        """Until no request is in flight and every KV page is back."""
-        allocator = self.engine.model.cache.allocator
+        """Until no request is in flight or in the runtime and every KV page is back (as the
+        engine's stats say: they come with each step's outputs and the idle loop's heartbeat)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.engine.num_in_flight == 0 and allocator.num_free == allocator.num_pages:
+            stats = self.engine.stats
+            if (self.engine.num_in_flight == 0 and stats.kv_pages_used == 0 and stats.num_running == 0
+                    and stats.num_waiting == 0):
                 return
             time.sleep(0.02)
-        raise AssertionError(f"not idle after {timeout}s: {self.engine.num_in_flight} in flight, "
-                             f"{allocator.num_free}/{allocator.num_pages} pages free")
+        raise AssertionError(f"not idle after {timeout}s: {self.engine.num_in_flight} in flight, {stats}")
 
     def metric(self, name: str, labels: dict | None = None) -> float:
         """One sample of /metrics, read over HTTP."""
@@ -73,9 +76,10 @@ class RunningServer:
 
 
 @contextlib.contextmanager
-def launch(args: EngineArgs, **app_options) -> Iterator[RunningServer]:
-    """An engine and a server on it, both stopped on exit."""
-    engine = Engine(args)
+def launch(args: EngineArgs, engine_process: bool = True, **app_options) -> Iterator[RunningServer]:
+    """An engine (its loop in an engine process unless `engine_process` is False) and a
+    server on it, both stopped on exit."""
+    engine = Engine(dataclasses.replace(args, engine_process=engine_process))
     try:
         with RunningServer(engine, **app_options) as running:
             yield running

@@ -45,9 +45,18 @@ def test_serve_flags_become_engine_args():
 
 
 @pytest.mark.slow
-def test_serve_process():
-    with serve_process("--kv-cache-tokens", "2048", "--max-num-seqs", "8") as (url, output):
+@pytest.mark.parametrize("mode", ["--engine-process", "--no-engine-process"])
+def test_serve_process(mode):
+    with serve_process("--kv-cache-tokens", "2048", "--max-num-seqs", "8", mode) as (url, output):
         answer = httpx.post(f"{url}/v1/completions", json={"prompt": "Hi", "max_tokens": 3, "ignore_eos": True}).json()
         assert answer["usage"]["completion_tokens"] == 3
     assert "KV cache 2048 tokens" in output[0]
     assert "RANDOM weights" in output[0]
+    assert ("engine loop in engine process" in output[0]) == (mode == "--engine-process"), output[0]
+
+
+def test_serve_runs_an_engine_process_unless_told_not_to():
+    assert _engine_args(build_parser().parse_args(["serve"])).engine_process
+    assert not _engine_args(build_parser().parse_args(["serve", "--no-engine-process"])).engine_process
+    assert not _engine_args(build_parser().parse_args(["generate", "tiny-qwen3", "Hi"])).engine_process
+    assert _engine_args(build_parser().parse_args(["bench", "--engine-process"])).engine_process

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import openai
 import pytest
+from probes import fail_backbone_after, restore_backbone
 
 IGNORE_EOS = {"ignore_eos": True, "return_token_ids": True}
 MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Tell me a story."}]
@@ -198,19 +199,11 @@ def test_bad_value_is_400(oai):
 
 
 @pytest.fixture
-def failing_step(server, monkeypatch):
-    """The backbone fails for any sequence that already produced 3 tokens."""
-    executor = server.engine.model.executors["backbone"]
-    run = executor.run
-
-    def run_then_fail(calls):
-        if any(len(executor.sequences[c.stream.handle].output_ids) >= 3 for c in calls):
-            raise RuntimeError("injected failure")
-        return run(calls)
-
-    monkeypatch.setattr(executor, "run", run_then_fail)
+def failing_step(server):
+    """The backbone fails for any sequence that already produced 3 tokens (in the engine process)."""
+    server.engine.inspect(fail_backbone_after, 3)
     yield
-    monkeypatch.undo()
+    server.engine.inspect(restore_backbone)
     server.wait_idle()
 
 

@@ -6,6 +6,7 @@ import threading
 import time
 
 import httpx
+from probes import kv_pages, stall_next_step
 
 from omniwalk.loading import EngineArgs
 
@@ -42,8 +43,8 @@ def test_metrics_move_with_traffic(server, http):
     assert value("omniwalk_time_to_first_token_seconds_count") == before["ttft"] + 2
     assert value("omniwalk_time_per_output_token_seconds_count") == before["tpot"] + 2
     assert value("omniwalk_engine_steps_total") >= before["steps"] + 7
-    allocator = server.engine.model.cache.allocator
-    assert value("omniwalk_kv_cache_pages_free") == allocator.num_free == allocator.num_pages
+    free, total = server.engine.inspect(kv_pages)   # the allocator itself, in the engine process
+    assert value("omniwalk_kv_cache_pages_free") == free == total
     assert value("omniwalk_kv_cache_pages_used") == 0
     assert value("omniwalk_num_requests_waiting") == 0 and value("omniwalk_num_requests_running") == 0
 
@@ -71,16 +72,10 @@ def test_health_503_when_loop_dies(launch_server):
         assert refused.status_code == 503 and refused.json()["error"]["code"] == 503
 
 
-def test_health_503_when_loop_is_stuck(launch_server):
+def test_health_503_when_loop_is_stuck(launch_server, tmp_path):
+    release = tmp_path / "release"
     with launch_server(EngineArgs("tiny-qwen3"), stall_seconds=0.3) as running:
-        runtime = running.engine.runtime
-        step, release = runtime.step, threading.Event()
-
-        def stuck_step():
-            release.wait(10)
-            return step()
-
-        runtime.step = stuck_step
+        running.engine.inspect(stall_next_step, str(release))   # as a hung device would
         try:
             thread = threading.Thread(target=httpx.post, args=(running.url + "/generate",),
                                       kwargs={"json": {"prompt": "Hi"}, "timeout": 30})
@@ -92,8 +87,7 @@ def test_health_503_when_loop_is_stuck(launch_server):
             assert response.status_code == 503 and response.json()["status"] == "stuck"
             assert response.json()["seconds_since_heartbeat"] > 0.3
         finally:
-            release.set()
-            runtime.step = step
+            release.touch()
             thread.join()
         # recovered: the request is done and the loop beats again (the request leaves the
         # in-flight count on the output thread, a moment after its answer was sent)

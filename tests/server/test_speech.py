@@ -15,6 +15,7 @@ import httpx
 import pytest
 import soundfile
 
+from omniwalk.capabilities import Capability
 from omniwalk.client import AsyncClient, Client, ServerError
 from omniwalk.loading import EngineArgs
 from omniwalk.models.orpheus.config import VOICES
@@ -45,7 +46,7 @@ def body(n: int, seed: int = 5, **fields) -> dict:
 
 def expected_samples(tts, n: int) -> int:
     """The documented count: complete frames F = n // 7 (ignore_eos: n codes), F * S samples."""
-    return samples_received(n // 7, tts.engine.model.frame_samples)
+    return samples_received(n // 7, tts.engine.frontend(Capability.SPEECH).frame_samples)
 
 
 def sse_events(text: str) -> list[dict]:

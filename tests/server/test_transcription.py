@@ -18,6 +18,7 @@ import numpy as np
 import openai
 import pytest
 import soundfile
+from probes import cross_attention_slots
 
 from omniwalk.client import AsyncClient, Client, ServerError
 from omniwalk.loading import EngineArgs
@@ -236,7 +237,8 @@ def test_bad_input_is_a_400_and_the_server_keeps_serving(whisper, http):
         "model 'tiny-whisper' does not generate text"
     assert post(http, max_output_tokens=4).json()["usage"]["output_tokens"] == 4
     whisper.wait_idle()
-    assert whisper.engine.model.cross.num_free == whisper.engine.model.cross.shape.num_slots
+    free, slots = whisper.engine.inspect(cross_attention_slots)
+    assert free == slots
 
 
 def test_client_disconnect_aborts(whisper, http):
@@ -248,7 +250,8 @@ def test_client_disconnect_aborts(whisper, http):
         httpx.post(whisper.url + ROUTE, files={"file": ("long", LONG)}, timeout=0.3)
     whisper.wait_idle(timeout=5)
     assert whisper.metric("omniwalk_requests_total", {"outcome": "abort"}) == aborted + 2
-    assert whisper.engine.model.cross.num_free == whisper.engine.model.cross.shape.num_slots
+    free, slots = whisper.engine.inspect(cross_attention_slots)
+    assert free == slots
 
 
 def test_a_text_model_does_not_transcribe(server):

@@ -24,7 +24,7 @@ from omniwalk.models.family import LoaderSpec
 from omniwalk.models.orpheus.config import ORPHEUS_3B, TINY_SNAC, TINY_TOKENS, samples_per_frame
 from omniwalk.models.orpheus.model import CENTRE, HEAD, TAIL, WINDOW_FRAMES, OrpheusModel
 from omniwalk.models.orpheus.snac import (
-    SNAC_24KHZ, SnacDecoder, init_random_snac, load_snac_state, read_snac_config, read_snac_state,
+    SNAC_24KHZ, SnacConfig, SnacDecoder, init_random_snac, load_snac_state, read_snac_config, read_snac_state,
 )
 from omniwalk.models.orpheus.snac_graphs import SnacGraphs
 
@@ -43,7 +43,7 @@ def codec_folder(args, folder: Path) -> Path:
 
 def read_orpheus_source(ctx) -> None:
     """The shared source (config, tokenizer, weights), the checkpoint's token layout, and
-    where its SNAC is; end_of_speech is the one EOS."""
+    where its SNAC is and its config; end_of_speech is the one EOS."""
     args, folder = ctx.args, ctx.folder
     if folder is None and args.codec:
         raise ValueError(f"{args.model} has its codec built in; `codec` is for checkpoint folders")
@@ -58,18 +58,20 @@ def read_orpheus_source(ctx) -> None:
         raise ValueError(f"vocabulary of {ctx.config.vocab_size} ids lacks Orpheus' audio codes "
                          f"(up to {tokens.audio_end})")
     ctx.eos_token_ids = frozenset({tokens.end_of_speech})
-    ctx.resources.update(tokens=tokens, snac_folder=snac_folder)
+    ctx.source.update(tokens=tokens, snac_config=_snac_config(snac_folder))
+    ctx.resources.update(snac_folder=snac_folder)
 
 
 def score_sampled_ids_only(ctx) -> None:
     """Before the decode graphs capture the LM head: it scores the sampled ids alone."""
-    ctx.module.logit_ids = ctx.resources["tokens"].sampled_ids
+    ctx.module.logit_ids = ctx.source["tokens"].sampled_ids
 
 
 def load_codec(ctx) -> None:
     """The SNAC decoder, and on CUDA its graphs, before the KV cache takes what memory is left."""
-    tokens, snac_folder = ctx.resources["tokens"], ctx.resources["snac_folder"]
-    snac = _load_snac(snac_folder, ctx.random_weights, ctx.args.seed + 1).to(ctx.device).eval()
+    tokens, snac_folder = ctx.source["tokens"], ctx.resources["snac_folder"]
+    snac = _load_snac(ctx.source["snac_config"], snac_folder, ctx.random_weights, ctx.args.seed + 1)
+    snac = snac.to(ctx.device).eval()
     if snac.config.codebook_size != tokens.codebook_size:
         raise ValueError(f"SNAC codebook of {snac.config.codebook_size} entries; the checkpoint's "
                          f"audio ids need {tokens.codebook_size}")
@@ -90,7 +92,7 @@ def load_codec(ctx) -> None:
 
 
 def serve_orpheus(ctx) -> OrpheusModel:
-    return OrpheusModel(ctx.module, ctx.cache, ctx.resources["snac"], ctx.resources["tokens"],
+    return OrpheusModel(ctx.module, ctx.cache, ctx.resources["snac"], ctx.source["tokens"],
                         max_batch_size=ctx.args.max_num_seqs, decode_graphs=ctx.decode_graphs,
                         snac_graphs=ctx.resources["snac_graphs"], prefill_graphs=ctx.prefill_graphs)
 
@@ -99,14 +101,16 @@ ORPHEUS_LOADER = LoaderSpec(build=CausalLM, read_source=read_orpheus_source, aft
                             resources=load_codec, serve=serve_orpheus)
 
 
-def _load_snac(folder: Path | None, random_weights: bool, seed: int) -> SnacDecoder:
-    """fp32 always: the codec is small and its parity is checked in fp32."""
+def _snac_config(folder: Path | None) -> SnacConfig:
     if folder is None:
-        config = TINY_SNAC
-    elif (folder / "config.json").is_file():
-        config = read_snac_config(folder)
-    else:   # dummy weights without a SNAC folder
-        config = SNAC_24KHZ
+        return TINY_SNAC
+    if (folder / "config.json").is_file():
+        return read_snac_config(folder)
+    return SNAC_24KHZ   # dummy weights without a SNAC folder
+
+
+def _load_snac(config: SnacConfig, folder: Path | None, random_weights: bool, seed: int) -> SnacDecoder:
+    """fp32 always: the codec is small and its parity is checked in fp32."""
     snac = SnacDecoder(config)
     if random_weights:
         init_random_snac(snac, seed)

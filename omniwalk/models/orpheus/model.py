@@ -215,7 +215,7 @@ def noise_keys(seeds: list[int], first_frames: list[int]) -> np.ndarray:
 class HostPCM:
     """The int16 samples of one SNAC forward, on their way to pinned host memory."""
 
-    def __init__(self, samples: torch.Tensor, copied: "torch.cuda.Event | None"):
+    def __init__(self, samples: torch.Tensor | None, copied: "torch.cuda.Event | None"):
         self.samples = samples      # [rows, samples]
         self.copied = copied        # recorded after the copy (None: already on the host)
         self._array: np.ndarray | None = None
@@ -227,6 +227,19 @@ class HostPCM:
                 self.copied = None
             self._array = self.samples.numpy()
         return self._array
+
+    def __reduce__(self):
+        # Out of an engine process (omniwalk.ipc): waits for the copy there, on its output
+        # thread; the forward's samples then cross once, one out-of-band buffer straight from
+        # pinned memory, and its rows' PendingPCMs refer to it (pickle's memo).
+        return _host_pcm, (self.rows(),)
+
+
+def _host_pcm(rows: np.ndarray) -> HostPCM:
+    """A `HostPCM` that crossed from the engine process: its samples already on the host."""
+    host = HostPCM(None, None)
+    host._array = rows
+    return host
 
 
 @dataclass(frozen=True)
@@ -243,9 +256,16 @@ class PendingPCM:
     start: int
     end: int
 
+    def samples(self) -> np.ndarray:
+        """int16 samples (waits for the copy)."""
+        return self.host.rows()[self.row, self.start:self.end]
+
     def tobytes(self) -> bytes:
         """int16 little-endian mono samples."""
-        return self.host.rows()[self.row, self.start:self.end].astype("<i2", copy=False).tobytes()
+        return self.samples().astype("<i2", copy=False).tobytes()
+
+    def __reduce__(self):
+        return PendingPCM, (self.host, self.row, self.start, self.end)
 
 
 class SnacDecoderExecutor(NodeExecutor):

@@ -19,10 +19,11 @@ from typing import Callable
 from omniwalk.capabilities import Prepared
 from omniwalk.capabilities.speech import SpeechChunk, SpeechFrontend, SpeechRequest, SpeechUsage
 from omniwalk.models.decoder_lm.model import WARMUP_PROMPT_TOKENS, WARMUP_REQUESTS, warmup_prompt
-from omniwalk.models.orpheus.config import CODES_PER_FRAME, VOICES
+from omniwalk.models.orpheus.config import CODES_PER_FRAME, VOICES, OrpheusTokens, samples_per_frame
 from omniwalk.models.orpheus.model import (
     AUDIO_STREAM, CODES_STREAM, OrpheusModel, OrpheusPrompt, complete_frames,
 )
+from omniwalk.models.orpheus.snac import SnacConfig
 from omniwalk.runtime import Request, RequestOutput, StopConfig, StreamParams
 from omniwalk.tokenizer import encode
 
@@ -33,10 +34,10 @@ class SpeechOutputProcessor:
 
     ends_request = False
 
-    def __init__(self, request_id: str, prompt_tokens: int, model: OrpheusModel):
+    def __init__(self, request_id: str, prompt_tokens: int, tokens: OrpheusTokens):
         self.request_id = request_id
         self.prompt_tokens = prompt_tokens
-        self.model = model
+        self.tokens = tokens
         self.num_ids = 0
         self.num_codes = 0
         self.num_samples = 0
@@ -48,7 +49,7 @@ class SpeechOutputProcessor:
         ids = out.items.get((CODES_STREAM, "codes"), [])
         pcm = b"".join(piece.tobytes() for piece in out.items.get((AUDIO_STREAM, "audio"), []))
         self.num_ids += len(ids)
-        self.num_codes += len(ids) - ids.count(self.model.tokens.end_of_speech)
+        self.num_codes += len(ids) - ids.count(self.tokens.end_of_speech)
         self.num_samples += len(pcm) // 2
         self.unsent_ids += ids
         if not pcm and not out.finished:
@@ -75,17 +76,19 @@ class OrpheusSpeechFrontend(SpeechFrontend):
 
     voices = VOICES
 
-    def __init__(self, model: OrpheusModel, tokenizer, max_model_len: int, kv_capacity_tokens: int):
-        self.model = model
+    def __init__(self, tokens: OrpheusTokens, codec: SnacConfig, tokenizer, max_model_len: int,
+                 kv_capacity_tokens: int):
+        self.tokens = tokens
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.kv_capacity_tokens = kv_capacity_tokens
-        self.sampling_rate = model.sampling_rate
+        self.sampling_rate = codec.sampling_rate
+        self.frame_samples = samples_per_frame(codec)   # PCM samples per complete frame of 7 codes
 
     def prompt_ids(self, request: SpeechRequest) -> list[int]:
         """[start_of_human] bos "voice: text" [eot end_of_human start_of_ai start_of_speech]."""
         text = f"{request.voice}: {request.input}" if request.voice else request.input
-        return self.model.tokens.prompt_ids(encode(self.tokenizer, text, "the input"))
+        return self.tokens.prompt_ids(encode(self.tokenizer, text, "the input"))
 
     def prepare(self, request: SpeechRequest, request_id: str, draw_seed: Callable[[], int]) -> Prepared:
         if request.voice is not None and request.voice not in self.voices:
@@ -99,15 +102,17 @@ class OrpheusSpeechFrontend(SpeechFrontend):
             raise ValueError(f"prompt + max_output_tokens ({len(prompt_ids) + budget}) exceeds the KV cache "
                              f"({self.kv_capacity_tokens} tokens)")
         seed = request.seed if request.seed is not None else draw_seed()
-        stop = StopConfig(eos_ids=frozenset({self.model.tokens.end_of_speech}), ignore_eos=request.ignore_eos)
+        stop = StopConfig(eos_ids=frozenset({self.tokens.end_of_speech}), ignore_eos=request.ignore_eos)
         runtime_request = Request(request_id, OrpheusPrompt(prompt_ids), {
             CODES_STREAM: StreamParams(budget, stop, request.sampling(seed), seed),
             AUDIO_STREAM: StreamParams(seed=seed)})   # the seed keys SNAC's noise
-        return Prepared(runtime_request, SpeechOutputProcessor(request_id, len(prompt_ids), self.model), prompt_ids)
+        return Prepared(runtime_request, SpeechOutputProcessor(request_id, len(prompt_ids), self.tokens), prompt_ids)
 
 
 def speech_frontends(loaded) -> list[OrpheusSpeechFrontend]:
-    return [OrpheusSpeechFrontend(loaded.served, loaded.tokenizer, loaded.max_model_len, loaded.kv_capacity_tokens)]
+    source = loaded.source
+    return [OrpheusSpeechFrontend(source["tokens"], source["snac_config"], loaded.tokenizer, loaded.max_model_len,
+                                  loaded.kv_capacity_tokens)]
 
 
 def speech_warmup(loaded) -> list[Request]:

@@ -63,7 +63,7 @@ def read_whisper_source(ctx) -> None:
         raise ValueError(f"windows of {feature_config.num_frames} mel frames; the encoder takes "
                          f"{ctx.config.num_frames}")
     ctx.eos_token_ids = generation.eos_token_ids
-    ctx.resources.update(generation=generation, features=LogMelFeatures(feature_config))
+    ctx.source.update(generation=generation, features=LogMelFeatures(feature_config))
 
 
 def allocate_cross_attention(ctx) -> None:
@@ -80,8 +80,8 @@ def serve_whisper(ctx) -> WhisperTranscriptionModel:
     if ctx.cache.shape.capacity_tokens < config.max_target_positions:
         raise ValueError(f"the KV cache holds {ctx.cache.shape.capacity_tokens} tokens; one Whisper window needs "
                          f"{config.max_target_positions}")
-    return WhisperTranscriptionModel(ctx.module, ctx.cache, ctx.slot_resource, ctx.resources["generation"],
-                                     ctx.resources["features"], max_batch_size=ctx.args.max_num_seqs,
+    return WhisperTranscriptionModel(ctx.module, ctx.cache, ctx.slot_resource, ctx.source["generation"],
+                                     ctx.source["features"], max_batch_size=ctx.args.max_num_seqs,
                                      decode_graphs=ctx.decode_graphs)
 
 

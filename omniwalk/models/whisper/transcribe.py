@@ -36,8 +36,9 @@ from omniwalk.capabilities.transcription import (
 )
 from omniwalk.detokenizer import IncrementalDetokenizer
 from omniwalk.engine.sampler import SamplingParams
-from omniwalk.models.whisper.config import language_name
+from omniwalk.models.whisper.config import WhisperConfig, WhisperGenerationConfig, language_name
 from omniwalk.models.whisper.executors import WindowInfo
+from omniwalk.models.whisper.features import LogMelFeatures
 from omniwalk.models.whisper.model import TRANSCRIPT_STREAM, TranscriptionInputs, WhisperTranscriptionModel
 from omniwalk.runtime import FinishReason, Request, RequestOutput, StopConfig, StreamParams
 
@@ -97,10 +98,11 @@ class TranscriptionOutputProcessor:
 
     ends_request = False
 
-    def __init__(self, request_id: str, model: WhisperTranscriptionModel, tokenizer, stop_ids: frozenset[int],
-                 language: str | None, duration: float, num_windows: int):
+    def __init__(self, request_id: str, generation: WhisperGenerationConfig, window_seconds: float, tokenizer,
+                 stop_ids: frozenset[int], language: str | None, duration: float, num_windows: int):
         self.request_id = request_id
-        self.model = model
+        self.generation = generation
+        self.window_seconds = window_seconds
         self.text = TranscriptText(tokenizer)
         self.stop_ids = stop_ids
         self.language = language
@@ -114,7 +116,7 @@ class TranscriptionOutputProcessor:
         pieces = []
         for position, (token, info) in enumerate(zip(ids, windows)):
             if self.language is None and info.language is not None:
-                self.language = self.model.generation.language_code(info.language)
+                self.language = self.generation.language_code(info.language)
             is_stop_item = out.finished and out.finish_reason == FinishReason.STOP and position == len(ids) - 1 \
                 and token in self.stop_ids
             if not is_stop_item:   # counted and returned as an id, never rendered
@@ -139,7 +141,7 @@ class TranscriptionOutputProcessor:
                                   usage=TranscriptionUsage(self.num_ids, self.duration, self.num_windows))
 
     def _segments(self) -> list[TranscriptSegment]:
-        seconds = self.model.features.config.chunk_length
+        seconds = self.window_seconds
         return [TranscriptSegment(w, w * seconds, min((w + 1) * seconds, self.duration), "".join(texts), ids)
                 for w, (ids, texts) in sorted(self.text.segments.items())]
 
@@ -148,12 +150,15 @@ class WhisperTranscriptionFrontend(TranscriptionFrontend):
     """TranscriptionRequest -> 30 s windows of log-mel features, the forced decoder prompt
     (language, task, previous text), and the transcript stream's budget and EOS."""
 
-    def __init__(self, model: WhisperTranscriptionModel, tokenizer, eos_token_ids: frozenset[int]):
-        self.model = model
+    def __init__(self, config: WhisperConfig, generation: WhisperGenerationConfig, features: LogMelFeatures,
+                 tokenizer, eos_token_ids: frozenset[int]):
+        self.config = config
+        self.generation = generation
+        self.features = features        # on the CPU: computed where requests are prepared
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
-        self.sampling_rate = model.sampling_rate
-        self.positions_per_window = model.config.max_source_positions
+        self.sampling_rate = features.config.sampling_rate
+        self.positions_per_window = config.max_source_positions
 
     def previous_text_ids(self, text: str | None, limit: int) -> tuple[int, ...]:
         """<|startofprev|> + the last `limit` tokens of " " + text (as openai-whisper truncates)."""
@@ -163,18 +168,18 @@ class WhisperTranscriptionFrontend(TranscriptionFrontend):
         special = set(getattr(self.tokenizer, "all_special_ids", ()))
         if any(t in special for t in ids):
             raise ValueError("the prompt contains special tokens")
-        start = self.model.generation.prev_sot_token_id
+        start = self.generation.prev_sot_token_id
         if start is None:
             start = self.tokenizer.convert_tokens_to_ids("<|startofprev|>")
         return (start, *ids[-limit:])
 
     def prepare(self, request: TranscriptionRequest, request_id: str, draw_seed: Callable[[], int]) -> Prepared:
-        model = self.model
-        samples = load_audio(request.audio, model.sampling_rate)
-        max_positions = model.config.max_target_positions
+        generation = self.generation
+        samples = load_audio(request.audio, self.sampling_rate)
+        max_positions = self.config.max_target_positions
         previous = self.previous_text_ids(request.prompt, max_positions // 2 - 1)
-        prompt = model.generation.forced_prompt(request.language, request.task, previous)
-        features = model.features(samples)
+        prompt = generation.forced_prompt(request.language, request.task, previous)
+        features = self.features(samples)
         num_windows = features.shape[0]
         most = num_windows * (max_positions - len(prompt))
         budget = request.max_output_tokens if request.max_output_tokens is not None else most
@@ -185,17 +190,19 @@ class WhisperTranscriptionFrontend(TranscriptionFrontend):
         stop = StopConfig(eos_ids=self.eos_token_ids)
         runtime_request = Request(request_id, TranscriptionInputs(features, prompt),
                                   {TRANSCRIPT_STREAM: StreamParams(budget, stop, request.sampling(seed), seed)})
-        language = model.generation.language_code(prompt.language) if prompt.language is not None else None
-        if language is None and not model.generation.is_multilingual:
+        language = generation.language_code(prompt.language) if prompt.language is not None else None
+        if language is None and not generation.is_multilingual:
             language = "en"
-        duration = samples.size / model.sampling_rate
-        processor = TranscriptionOutputProcessor(request_id, model, self.tokenizer, stop.stopping_ids(), language,
-                                                 duration, num_windows)
+        duration = samples.size / self.sampling_rate
+        processor = TranscriptionOutputProcessor(request_id, generation, self.features.config.chunk_length,
+                                                 self.tokenizer, stop.stopping_ids(), language, duration, num_windows)
         return Prepared(runtime_request, processor, None)
 
 
 def transcription_frontends(loaded) -> list[WhisperTranscriptionFrontend]:
-    return [WhisperTranscriptionFrontend(loaded.served, loaded.tokenizer, loaded.eos_token_ids)]
+    source = loaded.source
+    return [WhisperTranscriptionFrontend(loaded.config, source["generation"], source["features"], loaded.tokenizer,
+                                         loaded.eos_token_ids)]
 
 
 def transcription_warmup(loaded) -> list[Request]:

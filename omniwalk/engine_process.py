@@ -1,0 +1,289 @@
+"""The engine loop in a process of its own (`EngineArgs.engine_process`, the default of
+`omniwalk serve`): the API process keeps HTTP, validation, tokenization and
+detokenization, and no longer shares an interpreter lock with the loop.
+
+    API process                                    engine process (python -c ENTRY FD)
+    EngineProcess.__init__ --sys.path, EngineSetup--> main: load_model, Runtime, warm-up
+                           <--EngineReady(ModelInfo)--    (or StartFailed, then exit 1)
+    Engine.submit ---------AddRequest / Abort ------> input thread -> Inbox -> EngineLoop.run (loop thread)
+    Engine output thread <--StepOutputs + LoopStats--- output thread <- queue <-/
+    Engine.shutdown -------Shutdown ----------------> the loop ends; exit 0
+
+The engine process is started with `subprocess` (a fresh interpreter: CUDA cannot be
+forked) and owns the model and the device. Its input thread watches the socket: end of
+file means the API process is gone (exited, killed, even SIGKILL), and the engine process
+exits too, so none outlives its server. It ignores SIGINT (a Ctrl-C reaches the whole
+process group; the API process shuts it down in order). The API process learns of the
+engine's death the same way: end of file, then the exit status.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from omniwalk.ipc import Channel, ChannelClosed
+from omniwalk.messages import (
+    EngineCommand, EngineOutput, EngineReady, EngineSetup, InspectResult, LoopFailed, ModelInfo, Shutdown,
+    StartFailed, StepOutputs,
+)
+
+logger = logging.getLogger(__name__)
+
+ORPHAN_EXIT_S = 2.0   # the API process is gone: the loop gets this long to stop, then the process exits
+#: what the engine process runs (`-m omniwalk.engine_process` would import this module twice:
+#: once by the package, once as __main__)
+ENTRY = "import sys; from omniwalk.engine_process import run; run(int(sys.argv[1]))"
+
+
+class EngineStartError(RuntimeError):
+    """The engine process could not load the model (or died while it did)."""
+
+
+# ----------------------------------------------------------------------------- the API side
+
+
+class EngineProcess:
+    """The engine process, seen from the API process: starts it, waits until it has loaded
+    the model (`info`), then sends commands and receives outputs over one socket."""
+
+    def __init__(self, args):
+        from omniwalk.models.registry import runtime_registered_families
+
+        self._unreadable: str | None = None
+        self.channel, theirs = Channel.pair()
+        command = [sys.executable, "-c", ENTRY, str(theirs.fileno())]
+        started = time.perf_counter()
+        self.process = subprocess.Popen(command, pass_fds=[theirs.fileno()])
+        theirs.close()
+        logger.info("engine process %d started; loading %s", self.process.pid, args.model)
+        try:
+            self.channel.send((list(sys.path), logging.getLogger().getEffectiveLevel()))
+            self.channel.send(EngineSetup(args, tuple(runtime_registered_families())))
+            self.info = self._wait_until_ready()
+        except BaseException:   # a load that failed, or Ctrl-C during it: leave no process behind
+            self._kill()
+            raise
+        logger.info("engine process %d ready in %.1f s", self.process.pid, time.perf_counter() - started)
+
+    def _wait_until_ready(self) -> ModelInfo:
+        try:
+            message = self.channel.recv()
+        except ChannelClosed:
+            message = None
+        if isinstance(message, EngineReady):
+            return message.info
+        if isinstance(message, StartFailed):
+            raise EngineStartError(message.error)
+        raise EngineStartError(f"the engine process {self.exit_reason()} while loading the model")
+
+    def start(self) -> None:
+        """Nothing to start: the process runs since it was made."""
+
+    def send(self, command: EngineCommand) -> None:
+        """Raises ChannelClosed when the engine process is gone."""
+        self.channel.send(command)
+
+    def recv(self) -> EngineOutput | None:
+        """The next output; None once the engine process is gone (or stopped)."""
+        try:
+            return self.channel.recv()
+        except ChannelClosed:
+            return None
+        except Exception as exc:   # an output this process cannot unpickle: the protocol is broken
+            logger.exception("could not read the engine process's output")
+            self._unreadable = f"{type(exc).__name__}: {exc}"
+            self._kill()
+            return None
+
+    def is_alive(self) -> bool:
+        return self.process.poll() is None
+
+    def exit_reason(self, wait_s: float = 2.0) -> str:
+        """How the process ended, e.g. "was killed by SIGKILL" (waits for it briefly)."""
+        if self._unreadable is not None:
+            return f"sent an output this process cannot read ({self._unreadable}) and was stopped"
+        try:
+            code = self.process.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            return "closed its channel but still runs"
+        if code < 0:
+            try:
+                return f"was killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"was killed by signal {-code}"
+        return f"exited with status {code}"
+
+    def stop(self, timeout: float) -> None:
+        """Asks the loop to stop, waits `timeout` for the process, then kills it."""
+        try:
+            self.channel.send(Shutdown())
+        except ChannelClosed:
+            pass
+        try:
+            self.process.wait(timeout=timeout)
+            logger.info("engine process %d stopped (exit status %d)", self.process.pid, self.process.returncode)
+        except subprocess.TimeoutExpired:
+            logger.warning("engine process %d did not stop within %.0f s: killing it", self.process.pid, timeout)
+            self._kill()
+        self.channel.close()
+
+    def _kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+# ----------------------------------------------------------------------------- the engine process
+
+
+def run(fd: int) -> None:
+    """The engine process's entry point (ENTRY): `main`, then an exit that skips the
+    interpreter's teardown (the loop and the channel are closed; tearing down CUDA and the
+    compiled-kernel bindings would only add time and noise)."""
+    try:
+        code = main(fd)
+    except BaseException:
+        logger.exception("engine process failed")
+        code = 1
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def main(fd: int) -> int:
+    """Set up from the API process's messages, load, serve until `Shutdown` or the API
+    process's end; the exit status (0, or 1 when loading failed or the loop died)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # the API process stops us in order
+    sock = socket.socket(fileno=fd)
+    sock.set_inheritable(False)                      # no child of ours may hold it open
+    channel = Channel(sock)
+    sys.path[:], level = channel.recv()              # the API process's: its families and test helpers import
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s engine %(name)s: %(message)s")
+    setup: EngineSetup = channel.recv()
+
+    from omniwalk.engine_loop import Inbox, quiet_gc
+
+    inbox = Inbox()
+    threading.Thread(target=_read_commands, args=(channel, inbox), name="omniwalk-engine-input", daemon=True).start()
+    outbox: queue.SimpleQueue[EngineOutput | None] = queue.SimpleQueue()
+    try:
+        _register_families(setup.families)
+        loaded, loop = _load(setup.args, outbox.put, inbox)
+    except BaseException as exc:
+        logger.exception("could not load %s", setup.args.model)
+        _send_quietly(channel, StartFailed(f"{type(exc).__name__}: {exc}"))
+        return 1
+    cache = getattr(loaded.served, "cache", None)
+    pages = cache.shape.num_pages if cache is not None else 0
+    channel.send(EngineReady(ModelInfo(loaded.max_model_len, loaded.kv_capacity_tokens, pages, setup.args.page_size,
+                                       str(loaded.device), str(loaded.dtype).removeprefix("torch."), os.getpid())))
+    quiet_gc()
+    writer = threading.Thread(target=_write_outputs, args=(channel, outbox, inbox), name="omniwalk-engine-output",
+                              daemon=True)
+    writer.start()
+    # On a thread, as in an API process's engine thread: torch's CPU ops ran up to 4x slower
+    # on a process's main thread than on another one on the 2-core CPU host (tiny models on
+    # CPU: 10x slower speech); the main thread only waits.
+    runner = threading.Thread(target=loop.run, name="omniwalk-engine-loop")
+    runner.start()
+    runner.join()
+    outbox.put(None)
+    writer.join(timeout=10)
+    channel.close()
+    return 1 if loop.error is not None else 0
+
+
+def _load(args, send, inbox):
+    from omniwalk.engine_loop import start_loop
+    from omniwalk.loading import load_model
+
+    loaded = load_model(args)
+    return loaded, start_loop(args, loaded, send, inbox)
+
+
+def _register_families(families: tuple[tuple[str, str], ...]) -> None:
+    import importlib
+
+    from omniwalk.models import registry
+
+    for module, attribute in families:
+        family = getattr(importlib.import_module(module), attribute)
+        if family.name not in registry.FAMILIES:
+            registry.register(family)
+
+
+def _read_commands(channel: Channel, inbox) -> None:
+    """The input thread: commands into the loop's inbox until the API process goes away."""
+    while True:
+        try:
+            command = channel.recv()
+        except ChannelClosed:
+            break
+        except Exception:   # one command that does not unpickle: the loop goes on
+            logger.exception("could not read a command")
+            continue
+        inbox.put(command)
+        if isinstance(command, Shutdown):   # an orderly stop: the main thread ends the process
+            return
+    logger.warning("the API process is gone: stopping")
+    inbox.put(Shutdown())
+    # the loop may be mid-step or still loading: leave in any case
+    threading.Timer(ORPHAN_EXIT_S, os._exit, args=(1,)).start()
+
+
+def _write_outputs(channel: Channel, outbox: queue.SimpleQueue, inbox) -> None:
+    """The output thread: pickles the loop's messages onto the socket (waiting there, not on
+    the loop, for audio still being copied from the device)."""
+    while (message := outbox.get()) is not None:
+        try:
+            channel.send(message)
+        except ChannelClosed:
+            return   # the input thread notices too
+        except Exception as exc:   # a message that does not pickle
+            logger.exception("could not send %s", type(message).__name__)
+            for replacement in _unsendable(message, exc, inbox):
+                _send_quietly(channel, replacement)
+
+
+def _unsendable(message: EngineOutput, exc: Exception, inbox) -> list[EngineOutput]:
+    """What to send instead of a message that did not pickle: the requests of outputs that
+    do not pickle end with an error (and are aborted); an inspection answers with it."""
+    from omniwalk.messages import Abort
+    from omniwalk.runtime import FinishReason, RequestOutput
+
+    reason = f"output not sendable: {type(exc).__name__}: {exc}"
+    if isinstance(message, InspectResult):
+        return [InspectResult(message.token, error=reason)]
+    if not isinstance(message, StepOutputs):
+        return [LoopFailed(reason)]
+    import pickle
+
+    outputs = []
+    for out in message.outputs:
+        try:
+            pickle.dumps(out.items, protocol=5)
+            outputs.append(out)
+        except Exception:
+            if not out.finished:
+                inbox.put(Abort(out.request_id))
+            outputs.append(RequestOutput(out.request_id, finished=True, finish_reason=FinishReason.ERROR,
+                                         error=reason))
+    return [StepOutputs(outputs, message.stats)]
+
+
+def _send_quietly(channel: Channel, message) -> None:
+    try:
+        channel.send(message)
+    except Exception:
+        logger.exception("could not send %s", type(message).__name__)
+
+
