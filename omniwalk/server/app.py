@@ -105,14 +105,21 @@ def _add_operations(app: FastAPI, ctx: ServerContext, stall_seconds: float) -> N
         return Response(ctx.metrics.render(), media_type=ctx.metrics.content_type)
 
 
+# seconds a client told 429 (queue full) should wait before retrying: a closed-loop
+# request of a few hundred tokens frees its slot in about that long
+RETRY_AFTER_S = 1
+
+
 def _add_error_handlers(app: FastAPI, ctx: ServerContext) -> None:
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError):
+        headers = None
         if exc.status == 429:
             ctx.metrics.count("rejected")
+            headers = {"Retry-After": str(RETRY_AFTER_S)}   # what well-behaved clients wait for
         elif exc.status < 500:
             ctx.metrics.count("invalid")
-        return JSONResponse(exc.body(), status_code=exc.status)
+        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError):

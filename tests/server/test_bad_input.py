@@ -177,6 +177,7 @@ def test_full_server_answers_429(launch_server):
                 assert len(response.json()["choices"][0]["token_ids"]) == 400
             else:
                 assert response.json()["error"]["type"] == "RateLimitError"
+                assert response.headers["retry-after"] == "1"
         assert running.metric("omniwalk_requests_total", {"outcome": "rejected"}) == statuses.count(429)
         running.wait_idle()
         ok = httpx.post(running.url + "/generate", json={"prompt": "Hi", "max_output_tokens": 2})
