@@ -328,6 +328,12 @@ class CausalLMExecutor(NodeExecutor):
         (hybrid models: the rows' recurrent states)."""
         return ()
 
+    def _graphable(self, handles: list[int]) -> bool:
+        """Hook: whether an eager pass over these rows may replay a prefill graph (whose
+        inputs are ids, positions and the rows' slots alone); False where a row needs
+        inputs of its own (media embeddings, multimodal positions)."""
+        return True
+
     def _row_slots(self, handles: list[int]) -> list[tuple[int, ...]] | None:
         """Hook: each row's slots in the graphs' slot resource (hybrid models: its state rows)."""
         return None
@@ -402,7 +408,8 @@ class CausalLMExecutor(NodeExecutor):
         handles, query_lens = [call.stream.handle for call in calls], [call.num_tokens for call in calls]
         context_lens = [s.num_computed for s in sequences]
         tables = [self.cache.page_tables[h] for h in handles]
-        if self.prefill_graphs is not None and self.prefill_graphs.bucket_for(query_lens, [len(t) for t in tables]):
+        if (self.prefill_graphs is not None and self.prefill_graphs.bucket_for(query_lens, [len(t) for t in tables])
+                and self._graphable(handles)):
             kv_slots = [slot for h, c, n in zip(handles, context_lens, query_lens) for slot in self.cache.slots(h, c, c + n)]
             logits = self.prefill_graphs.run(input_ids, positions, kv_slots, context_lens, query_lens, tables,
                                              row_slots=self._row_slots(handles))

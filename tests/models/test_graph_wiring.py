@@ -82,3 +82,26 @@ def test_orpheus(monkeypatch):
     wired, (ids, pcm) = run("tiny-orpheus", True, monkeypatch, wired_speak)
     assert wired and ids == plain_ids
     assert all(len(a) == len(b) and np.abs(a - b).max() <= 1 for a, b in zip(pcm, plain_pcm))
+
+
+def test_qwen3_omni(monkeypatch):
+    from omniwalk.capabilities.media import ImageInput
+
+    picture = np.random.default_rng(0).integers(0, 256, (24, 32, 3), dtype=np.uint8)
+
+    def look(engine):
+        request = GenerationRequest(prompt="What is this?", media=(ImageInput(picture, "image 0"),), max_tokens=6,
+                                    ignore_eos=True, sampling=SamplingParams(temperature=0.0))
+        return text(engine), engine.generate([request])[0].token_ids
+
+    plain = run("tiny-qwen3-omni", False, monkeypatch, look)
+    def wired_look(engine):
+        thinker = engine.model.executors["thinker"]
+        replays_after_text = (text(engine), thinker.prefill_graphs.replays)
+        seen = look(engine)
+        # text-only prompts replay prefill graphs; a prompt with an image runs eagerly
+        return replays_after_text[1] > 0, thinker.prefill_graphs.replays - 2 * replays_after_text[1], seen
+
+    replayed, image_replays, seen = run("tiny-qwen3-omni", True, monkeypatch, wired_look)
+    assert replayed and seen == plain
+    assert image_replays == 0

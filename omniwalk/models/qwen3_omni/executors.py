@@ -179,6 +179,10 @@ class ThinkerExecutor(CausalLMExecutor):
             return sequence.token_ids
         return keys + sequence.token_ids[len(keys):]
 
+    def _graphable(self, handles: list[int]) -> bool:
+        # a prompt with media needs its embeddings and (t, h, w) positions: an eager pass
+        return all(self.sequences[h].media is None for h in handles)
+
     def _eager_inputs(self, handles: list[int], query_lens: list[int]) -> tuple:
         sequences = [self.sequences[h] for h in handles]
         if all(s.media is None for s in sequences):

@@ -48,7 +48,8 @@ def read_thinker_source(ctx) -> None:
 
 
 def serve_thinker(ctx) -> ThinkerModel:
-    return ThinkerModel(ctx.module, ctx.cache, max_batch_size=ctx.args.max_num_seqs, decode_graphs=ctx.decode_graphs)
+    return ThinkerModel(ctx.module, ctx.cache, max_batch_size=ctx.args.max_num_seqs, decode_graphs=ctx.decode_graphs,
+                        prefill_graphs=ctx.prefill_graphs)
 
 
 THINKER_LOADER = LoaderSpec(
@@ -56,6 +57,5 @@ THINKER_LOADER = LoaderSpec(
     read_source=read_thinker_source,
     rename=checkpoint_name,
     kv_layout=lambda config: decoder_kv_layout(config.text),
-    prefill_graphs=False,
     serve=serve_thinker,
 )

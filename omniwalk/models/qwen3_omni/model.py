@@ -20,6 +20,7 @@ import torch
 
 from omniwalk.engine.cuda_graphs import DecodeGraphs
 from omniwalk.engine.kv_cache import PagedKVCache
+from omniwalk.engine.prefill_graphs import PrefillGraphs
 from omniwalk.graph import (
     BudgetSpec, Keep, Loop, ModelGraph, Node, Sequential, StreamSpec, StreamView, ToClient, Walk, WalkCall,
 )
@@ -80,7 +81,7 @@ class ThinkerModel:
     """The Thinker served through the runtime (implements `ServedModel`)."""
 
     def __init__(self, thinker: Thinker, cache: PagedKVCache, *, max_batch_size: int = 256,
-                 decode_graphs: DecodeGraphs | None = None):
+                 decode_graphs: DecodeGraphs | None = None, prefill_graphs: PrefillGraphs | None = None):
         self.thinker = thinker
         self.cache = cache
         self.graph = thinker_graph()
@@ -88,7 +89,8 @@ class ThinkerModel:
             AUDIO_ENCODER.name: AudioEncoderExecutor(thinker.audio_tower, max_batch_size),
             VISION_ENCODER.name: VisionEncoderExecutor(thinker.visual, thinker.config.vision.spatial_merge_size,
                                                        max_batch_size),
-            THINKER.name: ThinkerExecutor(thinker, cache, max_batch_size, decode_graphs),
+            THINKER.name: ThinkerExecutor(thinker, cache, max_batch_size, decode_graphs,
+                                           prefill_graphs=prefill_graphs),
         }
 
     def plan(self, view: StreamView) -> WalkCall | None:
