@@ -13,6 +13,14 @@ KV head into its rows, so each key/value tile is read once per KV head (GQA):
 
 Online softmax in fp32 (as flash attention). Runs on CUDA, and on CPU under
 TRITON_INTERPRET=1 (how CI checks it against the reference).
+
+Decode of a small batch splits each sequence's keys (flash-decoding): with one program per
+(KV head, sequence), batch 1 of a 4-KV-head model keeps 4 of the GPU's 132 SMs busy and
+walks its keys one tile after the other. Split S ways, program (kv head, split s, seq)
+takes an equal share of the keys and writes its unnormalized partial (max, sum, acc) in
+fp32; a second kernel merges the S partials of each (token, head). S depends on the
+batch's shape alone (`decode_splits`), so a CUDA graph captures it; shares follow each
+sequence's length at run time.
 """
 
 from __future__ import annotations
@@ -45,23 +53,49 @@ def paged_attention(
     block_m = 1 if max_query_len == 1 else max(1, 64 // group)
     rows = max(16, triton.next_power_of_2(block_m * group))
     num_sequences = query_start.shape[0] - 1
-    grid = (num_kv_heads, triton.cdiv(max_query_len, block_m), num_sequences)
+    splits = decode_splits(num_sequences, num_kv_heads) if max_query_len == 1 else 1
+    block_d = triton.next_power_of_2(head_dim)
+    partial_acc = partial_stats = out
+    if splits > 1:   # [tokens, heads, splits, dim] and [tokens, heads, splits, (max, sum)]
+        partial_acc = torch.empty((num_tokens, num_heads, splits, block_d), dtype=torch.float32, device=query.device)
+        partial_stats = torch.empty((num_tokens, num_heads, splits, 2), dtype=torch.float32, device=query.device)
+    # axis 1: the query block (prefill) or the key split (decode)
+    grid = (num_kv_heads, splits if splits > 1 else triton.cdiv(max_query_len, block_m), num_sequences)
     # decode: 2 warps do (a program has one query row per head of its group); see
     # a probe at 78d31df: benchmarks/scripts/attention_decode.py; docs/benchmarks.md
     launch = dict(num_warps=2, num_stages=3) if max_query_len == 1 else {}
     _paged_attention_kernel[grid](
-        query, key_cache, value_cache, out,
+        query, key_cache, value_cache, out, partial_acc, partial_stats,
         query_start, context_lens, page_table,
         scale,
         query.stride(0), query.stride(1),
         key_cache.stride(0), key_cache.stride(1),
         out.stride(0), out.stride(1),
         page_table.stride(0),
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
-        BLOCK_M=block_m, ROWS=rows, BLOCK_N=64 if page_size <= 64 else page_size, PAGE=page_size,
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d,
+        BLOCK_M=block_m, ROWS=rows, BLOCK_N=(SPLIT_BLOCK_N if splits > 1 else 64) if page_size <= 64 else page_size,
+        PAGE=page_size, SPLITS=splits,
         **launch,
     )
+    if splits > 1:
+        _merge_splits_kernel[(num_tokens, num_heads)](
+            partial_acc, partial_stats, out, out.stride(0), out.stride(1),
+            SPLITS=splits, HEAD_DIM=head_dim, BLOCK_D=block_d, num_warps=1)
     return out
+
+
+#: programs a decode step's attention should have at least (H200: 132 SMs), and the most
+#: splits of one sequence's keys; a split reads SPLIT_BLOCK_N keys at a time
+TARGET_PROGRAMS = 128
+MAX_SPLITS = 16
+SPLIT_BLOCK_N = 32
+
+
+def decode_splits(num_sequences: int, num_kv_heads: int) -> int:
+    """How many ways a decode step splits each sequence's keys: 1 once the batch alone
+    fills the GPU. A function of the batch's shape (not of its lengths): graph-capturable."""
+    wanted = min(MAX_SPLITS, TARGET_PROGRAMS // max(1, num_sequences * num_kv_heads))
+    return 1 << (wanted.bit_length() - 1) if wanted > 1 else 1   # a power of two (tl.arange)
 
 
 def paged_attention_reference(
@@ -106,7 +140,7 @@ if triton is not None:
     # when a batch's width is odd or 1 where the ones before were multiples of 16.
     @triton.jit(do_not_specialize=["stride_table"])
     def _paged_attention_kernel(
-        q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
+        q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, partial_acc_ptr, partial_stats_ptr,
         query_start_ptr, context_lens_ptr, page_table_ptr,
         scale,
         stride_q_token, stride_q_head,
@@ -115,11 +149,15 @@ if triton is not None:
         stride_table,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
         BLOCK_M: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
+        SPLITS: tl.constexpr,
     ):
         # KV heads vary fastest: programs that run together read the same slots' rows (one
         # slot holds every head's key), 3x faster at short decode contexts than sequence-first
         kv_head = tl.program_id(0)
-        block = tl.program_id(1)
+        if SPLITS == 1:
+            block = tl.program_id(1)
+        else:
+            block = 0
         seq = tl.program_id(2)
 
         q_start = tl.load(query_start_ptr + seq)
@@ -145,7 +183,13 @@ if triton is not None:
         acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
 
         kv_end = tl.minimum(seq_len, context + (block + 1) * BLOCK_M)
-        for start in range(0, kv_end, BLOCK_N):
+        kv_start = 0
+        if SPLITS > 1:   # this program's share of the keys: whole tiles, the last share shorter
+            split = tl.program_id(1)
+            share = tl.cdiv(tl.cdiv(kv_end, SPLITS), BLOCK_N) * BLOCK_N
+            kv_start = split * share
+            kv_end = tl.minimum(kv_end, kv_start + share)
+        for start in range(kv_start, kv_end, BLOCK_N):
             key_pos = start + tl.arange(0, BLOCK_N)
             key_valid = key_pos < kv_end
             page = tl.load(page_table_ptr + seq * stride_table + key_pos // PAGE, mask=key_valid, other=0)
@@ -165,6 +209,32 @@ if triton is not None:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
             m_i = m_new
 
-        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-        tl.store(out_ptr + (q_start + token)[:, None] * stride_o_token + head[:, None] * stride_o_head + dims[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None] & dim_valid[None, :])
+        if SPLITS > 1:   # unnormalized, for _merge_splits_kernel (a share past the end: max -inf, sum 0)
+            num_heads = tl.num_programs(0) * GROUP
+            row = ((q_start + token) * num_heads + head) * SPLITS + tl.program_id(1)
+            tl.store(partial_acc_ptr + row[:, None] * BLOCK_D + dims[None, :], acc, mask=row_valid[:, None])
+            tl.store(partial_stats_ptr + row * 2, m_i, mask=row_valid)
+            tl.store(partial_stats_ptr + row * 2 + 1, l_i, mask=row_valid)
+        else:
+            out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+            tl.store(out_ptr + (q_start + token)[:, None] * stride_o_token + head[:, None] * stride_o_head + dims[None, :],
+                     out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None] & dim_valid[None, :])
+
+    @triton.jit
+    def _merge_splits_kernel(partial_acc_ptr, partial_stats_ptr, out_ptr, stride_o_token, stride_o_head,
+                             SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+        """out[token, head] from its SPLITS partials: each rescaled to the overall max."""
+        token = tl.program_id(0)
+        head = tl.program_id(1)
+        row = (token * tl.num_programs(1) + head) * SPLITS + tl.arange(0, SPLITS)
+        dims = tl.arange(0, BLOCK_D)
+        m = tl.load(partial_stats_ptr + row * 2)
+        l = tl.load(partial_stats_ptr + row * 2 + 1)
+        m_max = tl.max(m, axis=0)
+        m_max = tl.where(m_max == float("-inf"), 0.0, m_max)   # nothing visible at all
+        weight = tl.exp(m - m_max)                             # a share past the end: 0
+        acc = tl.load(partial_acc_ptr + row[:, None] * BLOCK_D + dims[None, :])
+        total = tl.sum(weight * l, axis=0)
+        out = tl.sum(acc * weight[:, None], axis=0) / tl.where(total == 0.0, 1.0, total)
+        tl.store(out_ptr + token * stride_o_token + head * stride_o_head + dims, out.to(out_ptr.dtype.element_ty),
+                 mask=dims < HEAD_DIM)

@@ -67,3 +67,43 @@ def test_kernel_handles_non_power_of_two_head_dim_and_big_pages():
 @pytest.mark.parametrize("heads", [(16, 8), (32, 8), (8, 8)])
 def test_kernel_matches_sdpa_on_cuda_bf16(seed, heads):
     compare(seed, *heads, head_dim=128, page_size=16, device="cuda", dtype=torch.bfloat16, tol=2e-2)
+
+
+def compare_split_decode(seed, num_heads, num_kv_heads, head_dim, page_size, device="cpu", dtype=torch.float32,
+                         tol=1e-5):
+    from omniwalk.kernels import paged_attention
+
+    cache, handles, context_lens, _, q, k, v = random_batch(seed, num_heads, num_kv_heads, head_dim, page_size,
+                                                             device, dtype)
+    query_lens = [1] * len(handles)
+    q, k, v = q[: len(handles)], k[: len(handles)], v[: len(handles)]
+    assert paged_attention.decode_splits(len(handles), num_kv_heads) >= 8
+    scale = head_dim ** -0.5
+    sdpa_meta = build_metadata(cache, handles, context_lens, query_lens, device, use_triton=False)
+    expected = PagedAttention(cache, sdpa_meta).forward(0, q, k, v, scale)
+    triton_meta = build_metadata(cache, handles, context_lens, query_lens, device, use_triton=True)
+    got = PagedAttention(cache, triton_meta).forward(0, q, k, v, scale)
+    assert (got.float() - expected.float()).abs().max().item() < tol
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_split_decode_matches_sdpa_on_cpu(seed, monkeypatch):
+    # decode batches of 1-4 sequences over 2 KV heads: split 8-16 ways, shares of 8 keys
+    # (some past the end of short sequences, some sequences with no context at all)
+    from omniwalk.kernels import paged_attention
+
+    monkeypatch.setattr(paged_attention, "SPLIT_BLOCK_N", 8)
+    compare_split_decode(seed, 4, 2, 16, 4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seed", range(4))
+def test_split_decode_matches_sdpa_on_cuda_bf16(seed):
+    compare_split_decode(seed, 32, 4, 128, 16, device="cuda", dtype=torch.bfloat16, tol=2e-2)
+
+
+def test_decode_splits_are_powers_of_two_that_fill_the_gpu():
+    from omniwalk.kernels.paged_attention import decode_splits
+
+    assert [decode_splits(n, 4) for n in (1, 2, 3, 8, 32, 128)] == [16, 16, 8, 4, 1, 1]
+    assert decode_splits(5, 2) == 8   # 128 // 10 = 12, rounded down
