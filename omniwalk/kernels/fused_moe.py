@@ -30,6 +30,12 @@ rows are found one of two ways, both with shapes fixed by the number of tokens a
     masked (decode, T*k <= BLOCK_M): no sorting at all. Program e takes every pair as a
     row and keeps those whose expert is e; experts nobody picked return at once.
 
+    gemv (decode of one or two tokens): program (pair, n) multiplies the pair's one row by
+    a BLOCK_N-row slice of its expert's weights, without tl.dot (no 16-row minimum). The
+    grid holds only the T*k pairs, so every program reads weights: the masked grid's
+    E x N/BLOCK_N programs are mostly experts nobody picked, and its few working ones
+    fill the SMs unevenly. Two tokens that pick one expert read its weights twice.
+
 The first GEMM fuses the SiLU-and-mul (a gate and an up accumulator over the same columns)
 and writes the activation [T*k, I]; the second multiplies in the routing weight and writes
 each pair's row [T*k, H]; a sum over k gives the output. Roundings follow transformers in
@@ -162,11 +168,13 @@ def _sort_pairs(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor,
 
 @dataclass(frozen=True)
 class MoeTiles:
-    """Tile sizes of the two GEMMs. `masked`: decode, all pairs in one block of BLOCK_M rows."""
+    """Tile sizes of the two GEMMs. `masked`: decode, all pairs in one block of BLOCK_M rows;
+    `gemv`: decode, one program per (pair, BLOCK_N columns)."""
     block_m: int
     masked: bool
     up: tuple[int, int, int, int]     # gate_up GEMM: (BLOCK_N, BLOCK_K, num_warps, num_stages)
     down: tuple[int, int, int, int]   # down GEMM: the same
+    gemv: bool = False
 
 
 def moe_tiles(num_pairs: int, num_experts: int) -> MoeTiles:
@@ -177,6 +185,8 @@ def moe_tiles(num_pairs: int, num_experts: int) -> MoeTiles:
     two accumulators (gate and up), so its BLOCK_N counts each of them."""
     # measured on an H200 at the real shape (a sweep of BLOCK_N, BLOCK_K, warps, stages per
     # GEMM; docs/benchmarks.md, "MoE tiles"): 2.9 TB/s of expert weights at T = 1, 4.4 at T = 32
+    if num_pairs <= GEMV_MAX_PAIRS:
+        return MoeTiles(1, False, up=GEMV_UP, down=GEMV_DOWN, gemv=True)
     if num_pairs <= 16:
         return MoeTiles(16, True, up=(32, 128, 4, 4), down=(128, 128, 4, 3))
     if num_pairs <= 64:
@@ -191,6 +201,11 @@ def moe_tiles(num_pairs: int, num_experts: int) -> MoeTiles:
     if rows_per_expert <= 96:
         return MoeTiles(64, False, up=(64, 64, 4, 3), down=(128, 64, 4, 3))
     return MoeTiles(128, False, up=(128, 64, 8, 3), down=(256, 64, 8, 3))
+
+
+GEMV_MAX_PAIRS = 16
+GEMV_UP = (8, 256, 4, 3)
+GEMV_DOWN = (16, 256, 4, 3)
 
 
 def align_pairs_to_blocks(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -231,6 +246,8 @@ def fused_moe(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tenso
     x = x.contiguous()
     topk_ids = topk_ids.reshape(-1).to(torch.int32)
     topk_weights = topk_weights.reshape(-1).contiguous()
+    if tiles.gemv:
+        return _fused_moe_gemv(x, topk_weights, topk_ids, gate_up_proj, down_proj, tiles, top_k)
     if tiles.masked:   # program (expert, n): the pairs routed to that expert, found by a compare
         if num_pairs > tiles.block_m:
             raise ValueError(f"masked tiles hold {tiles.block_m} pairs, not {num_pairs}")
@@ -245,6 +262,24 @@ def fused_moe(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tenso
             intermediate, hidden, a_row_divisor=top_k, gated=True, weighted=False, config=tiles.up, **common)
     _launch(activation, down_proj, by_pair, topk_weights, sorted_pairs, block_experts, num_blocks,
             hidden, intermediate, a_row_divisor=1, gated=False, weighted=True, config=tiles.down, **common)
+    return sum_pairs(by_pair.view(num_tokens, top_k, hidden))
+
+
+def _fused_moe_gemv(x, topk_weights, topk_ids, gate_up_proj, down_proj, tiles: MoeTiles, top_k: int) -> torch.Tensor:
+    num_pairs, (num_tokens, hidden), intermediate = topk_ids.shape[0], x.shape, down_proj.shape[2]
+    activation = torch.empty((num_pairs, intermediate), dtype=x.dtype, device=x.device)
+    by_pair = torch.empty((num_pairs, hidden), dtype=x.dtype, device=x.device)
+    ieee = x.dtype == torch.float32
+    for a, weight, out, n, k, divisor, gated, config in (
+            (x, gate_up_proj, activation, intermediate, hidden, top_k, True, tiles.up),
+            (activation, down_proj, by_pair, hidden, intermediate, 1, False, tiles.down)):
+        block_n, block_k, num_warps, num_stages = config
+        block_n = min(block_n, triton.next_power_of_2(n))
+        block_k = min(block_k, triton.next_power_of_2(k))
+        _moe_gemv_kernel[(num_pairs, triton.cdiv(n, block_n))](
+            a, weight, out, topk_weights, topk_ids, n, k, a.stride(0), weight.stride(0), weight.stride(1),
+            out.stride(0), A_ROW_DIVISOR=divisor, GATED=gated, WEIGHTED=not gated, BLOCK_N=block_n,
+            BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages)
     return sum_pairs(by_pair.view(num_tokens, top_k, hidden))
 
 
@@ -341,6 +376,40 @@ if triton is not None:
 
 
 if triton is not None:
+
+    @triton.jit
+    def _moe_gemv_kernel(
+        a_ptr, w_ptr, out_ptr, topk_weights_ptr, topk_ids_ptr, N, K, stride_a, stride_we, stride_wn, stride_out,
+        A_ROW_DIVISOR: tl.constexpr, GATED: tl.constexpr, WEIGHTED: tl.constexpr,
+        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ):
+        """out[pair, n] for BLOCK_N columns of one pair, rounded as `_fused_moe_kernel` rounds."""
+        pair = tl.program_id(0).to(tl.int64)
+        expert = tl.load(topk_ids_ptr + pair).to(tl.int64)
+        cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_ok = cols < N
+        ks = tl.arange(0, BLOCK_K)
+        a_ptrs = a_ptr + (pair // A_ROW_DIVISOR) * stride_a + ks
+        w_ptrs = w_ptr + expert * stride_we + cols[:, None] * stride_wn + ks[None, :]   # [BLOCK_N, BLOCK_K]
+        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        acc_up = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k_ok = ks < K - k0
+            a = tl.load(a_ptrs, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+            w_mask = col_ok[:, None] & k_ok[None, :]
+            acc += tl.load(w_ptrs, mask=w_mask, other=0.0).to(tl.float32) * a
+            if GATED:
+                acc_up += tl.load(w_ptrs + N * stride_wn, mask=w_mask, other=0.0).to(tl.float32) * a
+            a_ptrs += BLOCK_K
+            w_ptrs += BLOCK_K
+        dtype = out_ptr.dtype.element_ty
+        result = tl.sum(acc, axis=1).to(dtype).to(tl.float32)
+        if GATED:
+            silu = (result / (1.0 + tl.exp(-result))).to(dtype).to(tl.float32)
+            result = (silu * tl.sum(acc_up, axis=1).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+        if WEIGHTED:
+            result = result * tl.load(topk_weights_ptr + pair).to(tl.float32)
+        tl.store(out_ptr + pair * stride_out + cols, result.to(dtype), mask=col_ok)
 
     @triton.jit
     def _routing_kernel(logits_ptr, weights_ptr, ids_ptr, num_tokens, num_experts, TOP_K: tl.constexpr,

@@ -20,6 +20,7 @@ from omniwalk.kernels.fused_moe import MoeTiles  # noqa: E402
 MASKED = MoeTiles(64, True, up=(32, 128, 4, 4), down=(64, 128, 4, 4))
 ALIGNED_16 = MoeTiles(16, False, up=(16, 16, 4, 3), down=(16, 16, 4, 3))   # several N and K tiles
 ALIGNED_32 = MoeTiles(32, False, up=(64, 128, 4, 3), down=(64, 128, 4, 3))
+GEMV = MoeTiles(1, False, up=(16, 16, 4, 3), down=(16, 16, 4, 3), gemv=True)   # several N and K tiles
 
 
 def make_experts(num_experts, hidden, intermediate, dtype, seed=0):
@@ -67,7 +68,7 @@ def test_alignment_puts_every_pair_once_in_a_block_of_its_expert(num_tokens, num
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("num_tokens, tiles", [(1, None), (3, MASKED), (40, None), (13, ALIGNED_16), (29, ALIGNED_32)])
+@pytest.mark.parametrize("num_tokens, tiles", [(1, None), (3, MASKED), (40, None), (13, ALIGNED_16), (29, ALIGNED_32), (2, GEMV), (5, GEMV)])
 def test_fused_moe_matches_the_reference(num_tokens, tiles, dtype):
     # hidden and intermediate not multiples of the tiles: the N and K masks matter
     num_experts, hidden, intermediate, top_k = 8, 40, 24, 2
@@ -81,7 +82,8 @@ def test_fused_moe_matches_the_reference(num_tokens, tiles, dtype):
 
 
 def test_the_default_tiles_mask_decode_and_align_prefill():
-    assert fused_moe.moe_tiles(8, 128).masked and fused_moe.moe_tiles(8, 128).block_m == 16
+    assert fused_moe.moe_tiles(8, 128).gemv and fused_moe.moe_tiles(16, 128).gemv   # one or two tokens
+    assert fused_moe.moe_tiles(24, 128).masked and fused_moe.moe_tiles(24, 128).block_m == 32
     assert fused_moe.moe_tiles(64, 128).masked and fused_moe.moe_tiles(64, 128).block_m == 64
     block_ms = [fused_moe.moe_tiles(tokens * 8, 128).block_m for tokens in (32, 256, 1024, 4096)]
     assert not any(fused_moe.moe_tiles(tokens * 8, 128).masked for tokens in (32, 256, 1024, 4096))
