@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from omniwalk.kernels.silu_mul import silu_and_mul
+from omniwalk.layers.linear import Linear
 
 
 class GatedMLP(nn.Module):
@@ -16,8 +17,8 @@ class GatedMLP(nn.Module):
         super().__init__()
         # gate and up in one projection (loaded from gate_proj/up_proj)
         self.intermediate_size = intermediate_size
-        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.gate_up_proj = Linear(hidden_size, 2 * intermediate_size, bias=False)
+        self.down_proj = Linear(intermediate_size, hidden_size, bias=False)
         self.packed_projections = {
             "gate_proj": ("gate_up_proj", 0, intermediate_size),
             "up_proj": ("gate_up_proj", intermediate_size, 2 * intermediate_size),

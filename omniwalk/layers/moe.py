@@ -21,6 +21,7 @@ from torch import nn
 
 from omniwalk.kernels.fused_moe import MOE_BACKENDS, moe_experts, select_experts
 from omniwalk.kernels.triton_support import triton
+from omniwalk.layers.linear import Linear
 
 BACKEND_ENV = "OMNIWALK_MOE_BACKEND"
 
@@ -69,7 +70,7 @@ class SparseMoeBlock(nn.Module):
             raise ValueError(f"top_k={top_k} must be in [1, num_experts={num_experts}]")
         self.top_k = top_k
         self.norm_topk_prob = norm_topk_prob
-        self.gate = nn.Linear(hidden_size, num_experts, bias=False)   # the router
+        self.gate = Linear(hidden_size, num_experts, bias=False)   # the router
         self.experts = MoeExperts(num_experts, hidden_size, moe_intermediate_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [num_tokens, hidden]

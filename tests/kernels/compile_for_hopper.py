@@ -9,7 +9,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from omniwalk.kernels import (
-    causal_conv, cross_attention, fp8, fused_moe, gated_delta_rule, norm_rotary, rms_norm, sampling, silu_mul, snac,
+    causal_conv, cross_attention, fp8, fused_moe, gated_delta_rule, gemv, norm_rotary, paged_attention, rms_norm, sampling,
+    silu_mul, snac,
 )
 
 QUANTIZE_ARGS = {"fp8_max": "fp32", "inverse_fp8_max": "fp32", "min_scale": "fp32"}
@@ -106,6 +107,30 @@ KERNELS += [
      {"A_ROW_DIVISOR": 8 if gated else 1, "GATED": gated, "WEIGHTED": not gated, "MASKED": masked, "IEEE": False,
       "BLOCK_M": 16 if masked else 128, "BLOCK_N": 128, "BLOCK_K": 64})
     for gated in (False, True) for masked in (False, True)
+]
+KERNELS += [
+    (f"moe gemv {'gate_up' if gated else 'down'}", fused_moe._moe_gemv_kernel,
+     {"a_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "topk_weights_ptr": "*bf16", "topk_ids_ptr": "*i32",
+      "N": "i32", "K": "i32", "stride_a": "i32", "stride_we": "i32", "stride_wn": "i32", "stride_out": "i32",
+      "A_ROW_DIVISOR": "constexpr", "GATED": "constexpr", "WEIGHTED": "constexpr", "BLOCK_N": "constexpr",
+      "BLOCK_K": "constexpr"},
+     {"A_ROW_DIVISOR": 8 if gated else 1, "GATED": gated, "WEIGHTED": not gated, "BLOCK_N": 8, "BLOCK_K": 256})
+    for gated in (False, True)
+] + [
+    ("moe alignment", fused_moe._align_kernel,
+     {"ids_ptr": "*i32", "sorted_pairs_ptr": "*i32", "block_experts_ptr": "*i32", "starts_ptr": "*i32",
+      "num_pairs": "i32", "num_experts": "i32", "num_blocks": "i32", "BLOCK_M": "constexpr", "BLOCK_P": "constexpr",
+      "BLOCK_E": "constexpr", "BLOCK_FILL": "constexpr"},
+     {"BLOCK_M": 16, "BLOCK_P": 256, "BLOCK_E": 256, "BLOCK_FILL": 4096}),
+    ("gemv", gemv._gemv_kernel,
+     {"x_ptr": "*bf16", "w_ptr": "*bf16", "bias_ptr": "*bf16", "out_ptr": "*bf16", "rows": "i32", "N": "i32",
+      "K": "i32", "stride_x": "i32", "stride_w": "i32", "stride_out": "i32", "HAS_BIAS": "constexpr",
+      "ROWS": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr"},
+     {"HAS_BIAS": False, "ROWS": 4, "BLOCK_N": 8, "BLOCK_K": 512}),
+    ("merge attention splits", paged_attention._merge_splits_kernel,
+     {"partial_acc_ptr": "*fp32", "partial_stats_ptr": "*fp32", "out_ptr": "*bf16", "stride_o_token": "i32",
+      "stride_o_head": "i32", "SPLITS": "constexpr", "HEAD_DIM": "constexpr", "BLOCK_D": "constexpr"},
+     {"SPLITS": 16, "HEAD_DIM": 128, "BLOCK_D": 128}),
 ]
 
 failed = 0

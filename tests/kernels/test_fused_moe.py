@@ -67,6 +67,21 @@ def test_alignment_puts_every_pair_once_in_a_block_of_its_expert(num_tokens, num
         assert pairs.tolist() == sorted(pairs.tolist())   # token order within an expert
 
 
+@pytest.mark.parametrize("num_tokens, num_experts, top_k, block_m", [(1, 8, 2, 16), (37, 8, 3, 16), (200, 16, 4, 8),
+                                                                    (32, 128, 8, 16)])
+def test_the_alignment_kernel_matches_the_torch_alignment(num_tokens, num_experts, top_k, block_m):
+    # the same blocks and the same set of pairs in each (the order within an expert may differ)
+    _, topk_ids = route(num_tokens, num_experts, top_k, torch.float32, seed=num_tokens)
+    expected_pairs, expected_experts = fused_moe.align_pairs_to_blocks(topk_ids, num_experts, block_m)
+    num_blocks = expected_experts.shape[0]
+    pairs, experts = fused_moe.align_pairs_to_blocks_triton(topk_ids, num_experts, block_m, num_blocks)
+    assert pairs.shape == expected_pairs.shape and experts.shape == expected_experts.shape
+    used = (expected_pairs.view(num_blocks, block_m) < num_tokens * top_k).any(dim=1)
+    assert torch.equal(experts[used], expected_experts[used])
+    as_sets = lambda blocks: [sorted(b.tolist()) for b in blocks.view(num_blocks, block_m)]
+    assert as_sets(pairs) == as_sets(expected_pairs)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("num_tokens, tiles", [(1, None), (3, MASKED), (40, None), (13, ALIGNED_16), (29, ALIGNED_32), (2, GEMV), (5, GEMV)])
 def test_fused_moe_matches_the_reference(num_tokens, tiles, dtype):

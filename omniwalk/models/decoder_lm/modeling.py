@@ -18,6 +18,7 @@ from torch import nn
 from omniwalk.engine.attention import PagedAttention
 from omniwalk.kernels.norm_rotary import QKRotary
 from omniwalk.layers.config import DecoderConfig
+from omniwalk.layers.linear import Linear
 from omniwalk.layers.mlp import GatedMLP
 from omniwalk.layers.norm import RMSNorm
 from omniwalk.layers.rotary import RotaryEmbedding
@@ -36,13 +37,13 @@ class DecoderAttention(nn.Module):
         bias = config.attention_bias
         # q, k and v in one projection: one GEMM instead of three (loaded from q_proj/k_proj/v_proj)
         self.q_size, self.kv_size = config.q_size, config.kv_size
-        self.qkv_proj = nn.Linear(config.hidden_size, config.q_size + 2 * config.kv_size, bias=bias)
+        self.qkv_proj = Linear(config.hidden_size, config.q_size + 2 * config.kv_size, bias=bias)
         self.packed_projections = {
             "q_proj": ("qkv_proj", 0, config.q_size),
             "k_proj": ("qkv_proj", config.q_size, config.q_size + config.kv_size),
             "v_proj": ("qkv_proj", config.q_size + config.kv_size, config.q_size + 2 * config.kv_size),
         }
-        self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=bias)
+        self.o_proj = Linear(config.q_size, config.hidden_size, bias=bias)
         if config.qk_norm:
             self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)

@@ -1,0 +1,75 @@
+"""The product of a few rows with a large weight (`x @ weight.T + bias`): a decode step's
+dense projections at batch 1-4, as one Triton kernel on CUDA.
+
+A decode step at batch 1 reads each projection's weights once and does almost no
+arithmetic, so what counts is how fast the weights stream in. cuBLAS picks GEMM tiles
+for M = 1 that read them at ~2.3 TB/s (qkv and o_proj of the Qwen3-Omni Thinker, with a
+split-K reduce kernel after o_proj); a program per BLOCK_N output columns that walks K
+with wide loads and keeps all ROWS rows' partial sums reads them once, closer to the
+H200's 4.8 TB/s. Sums in fp32, one rounding to the output dtype (as cuBLAS).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from omniwalk.kernels.triton_support import triton, use_triton
+
+if triton is not None:
+    import triton.language as tl
+
+GEMV_MAX_ROWS = 4
+#: (BLOCK_N, BLOCK_K, num_warps, num_stages); set from an H200 sweep (docs/benchmarks.md)
+GEMV_TILES = (8, 512, 4, 3)
+
+
+def gemv_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `gemv` takes this product: a few half-precision rows on CUDA."""
+    return (use_triton(x) and x.dim() == 2 and x.shape[0] <= GEMV_MAX_ROWS and x.dtype in (torch.bfloat16, torch.float16)
+            and weight.dtype == x.dtype and weight.stride(1) == 1)
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+         tiles: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+    """x [M, K] @ weight[N, K].T (+ bias [N]) -> [M, N], M <= GEMV_MAX_ROWS."""
+    if not (triton is not None and x.dim() == 2 and x.shape[0] <= GEMV_MAX_ROWS):
+        return F.linear(x, weight, bias)
+    rows, k = x.shape
+    n = weight.shape[0]
+    x = x.contiguous()
+    out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
+    if rows == 0:
+        return out
+    block_n, block_k, num_warps, num_stages = tiles or GEMV_TILES
+    block_k = min(block_k, triton.next_power_of_2(k))
+    _gemv_kernel[(triton.cdiv(n, block_n),)](
+        x, weight, bias if bias is not None else weight, out, rows, n, k, x.stride(0), weight.stride(0), out.stride(0),
+        HAS_BIAS=bias is not None, ROWS=max(1, triton.next_power_of_2(rows)), BLOCK_N=block_n, BLOCK_K=block_k,
+        num_warps=num_warps, num_stages=num_stages)
+    return out
+
+
+if triton is not None:
+
+    @triton.jit
+    def _gemv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, rows, N, K, stride_x, stride_w, stride_out,
+                     HAS_BIAS: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_ok = cols < N
+        row = tl.arange(0, ROWS)
+        row_ok = row < rows
+        ks = tl.arange(0, BLOCK_K)
+        acc = tl.zeros((ROWS, BLOCK_N, BLOCK_K), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k_ok = ks < K - k0
+            w = tl.load(w_ptr + cols.to(tl.int64)[:, None] * stride_w + (k0 + ks)[None, :],
+                        mask=col_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
+            x = tl.load(x_ptr + row[:, None] * stride_x + (k0 + ks)[None, :], mask=row_ok[:, None] & k_ok[None, :],
+                        other=0.0).to(tl.float32)
+            acc += w[None, :, :] * x[:, None, :]
+        result = tl.sum(acc, axis=2)   # [ROWS, BLOCK_N]
+        if HAS_BIAS:
+            result += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        tl.store(out_ptr + row[:, None] * stride_out + cols[None, :], result.to(out_ptr.dtype.element_ty),
+                 mask=row_ok[:, None] & col_ok[None, :])

@@ -1,0 +1,36 @@
+"""The GEMV kernel of decode-step projections against F.linear (Triton's interpreter on CPU)."""
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton")
+
+from omniwalk.kernels.gemv import gemv  # noqa: E402
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+@pytest.mark.parametrize("n, k, bias", [(40, 72, False), (17, 600, True)])
+def test_gemv_matches_linear(rows, n, k, bias):
+    # N and K not multiples of the tiles, several K tiles, 3 rows padded to 4
+    gen = torch.Generator().manual_seed(rows * n)
+    x, weight = torch.randn(rows, k, generator=gen), torch.randn(n, k, generator=gen)
+    b = torch.randn(n, generator=gen) if bias else None
+    torch.testing.assert_close(gemv(x, weight, b, tiles=(8, 64, 4, 3)), torch.nn.functional.linear(x, weight, b),
+                               atol=1e-4, rtol=1e-5)
+
+
+def test_more_rows_fall_back_to_linear():
+    x, weight = torch.randn(9, 16), torch.randn(8, 16)
+    torch.testing.assert_close(gemv(x, weight), x @ weight.T)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 2, 4])
+def test_gemv_matches_linear_on_cuda_bf16(rows):
+    x = torch.randn(rows, 2048, device="cuda", dtype=torch.bfloat16)
+    weight = torch.randn(5120, 2048, device="cuda", dtype=torch.bfloat16) * 0.02
+    torch.testing.assert_close(gemv(x, weight).float(), (x.float() @ weight.float().T), atol=2e-2, rtol=2e-2)
