@@ -2,11 +2,10 @@
 dense projections at batch 1-4, as one Triton kernel on CUDA.
 
 A decode step at batch 1 reads each projection's weights once and does almost no
-arithmetic, so what counts is how fast the weights stream in. cuBLAS picks GEMM tiles
-for M = 1 that read them at ~2.3 TB/s (qkv and o_proj of the Qwen3-Omni Thinker, with a
-split-K reduce kernel after o_proj); a program per BLOCK_N output columns that walks K
-with wide loads and keeps all ROWS rows' partial sums reads them once, closer to the
-H200's 4.8 TB/s. Sums in fp32, one rounding to the output dtype (as cuBLAS).
+arithmetic. For narrow outputs cuBLAS's M = 1 GEMMs launch few programs or add a split-K
+reduce: Qwen3-0.6B's o_proj took 12.5 us there, 3.1 us here; the Thinker's router
+4.9 against 2.4. A program per BLOCK_N output columns walks K with wide loads, all ROWS
+rows' partial sums at once. Sums in fp32, one rounding to the output dtype (as cuBLAS).
 """
 
 from __future__ import annotations
@@ -20,14 +19,17 @@ if triton is not None:
     import triton.language as tl
 
 GEMV_MAX_ROWS = 4
-#: (BLOCK_N, BLOCK_K, num_warps, num_stages); set from an H200 sweep (docs/benchmarks.md)
-GEMV_TILES = (8, 512, 4, 3)
+#: (BLOCK_N, BLOCK_K, num_warps, num_stages) for one row and for 2-4, from an H200 sweep
+GEMV_TILES = {1: (2, 1024, 4, 3), 4: (4, 1024, 4, 4)}
 
 
 def gemv_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `gemv` takes this product: a few half-precision rows on CUDA."""
-    return (use_triton(x) and x.dim() == 2 and x.shape[0] <= GEMV_MAX_ROWS and x.dtype in (torch.bfloat16, torch.float16)
-            and weight.dtype == x.dtype and weight.stride(1) == 1)
+    """Whether `gemv` takes this product: a few half-precision rows on CUDA, where it beat
+    cuBLAS on the H200 (docs/benchmarks.md, "GEMV"): one row into at most 4,096 outputs,
+    2-4 rows into at most 1,024. Wider outputs give cuBLAS's tiles enough programs."""
+    rows, outputs = (x.shape[0] if x.dim() == 2 else GEMV_MAX_ROWS + 1), weight.shape[0]
+    return (use_triton(x) and (rows == 1 and outputs <= 4096 or 1 < rows <= GEMV_MAX_ROWS and outputs <= 1024)
+            and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype and weight.stride(1) == 1)
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -41,7 +43,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
     if rows == 0:
         return out
-    block_n, block_k, num_warps, num_stages = tiles or GEMV_TILES
+    block_n, block_k, num_warps, num_stages = tiles or GEMV_TILES[1 if rows == 1 else GEMV_MAX_ROWS]
     block_k = min(block_k, triton.next_power_of_2(k))
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         x, weight, bias if bias is not None else weight, out, rows, n, k, x.stride(0), weight.stride(0), out.stride(0),
