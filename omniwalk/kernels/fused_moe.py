@@ -311,25 +311,6 @@ def _fused_moe_gemv(x, topk_weights, topk_ids, gate_up_proj, down_proj, tiles: M
     return sum_pairs(by_pair.view(num_tokens, top_k, hidden))
 
 
-def _fused_moe_gemv_summed(x, topk_weights, topk_ids, gate_up_proj, down_proj, tiles: MoeTiles, top_k: int,
-                           down_sum: tuple[int, int, int, int]) -> torch.Tensor:
-    num_pairs, (num_tokens, hidden), intermediate = topk_ids.shape[0], x.shape, down_proj.shape[2]
-    activation = torch.empty((num_pairs, intermediate), dtype=x.dtype, device=x.device)
-    block_n, block_k, num_warps, num_stages = tiles.up
-    _moe_gemv_kernel[(num_pairs, triton.cdiv(intermediate, block_n))](
-        x, gate_up_proj, activation, topk_weights, topk_ids, intermediate, hidden, x.stride(0),
-        gate_up_proj.stride(0), gate_up_proj.stride(1), activation.stride(0), A_ROW_DIVISOR=top_k, GATED=True,
-        WEIGHTED=False, BLOCK_N=block_n, BLOCK_K=min(block_k, triton.next_power_of_2(hidden)),
-        num_warps=num_warps, num_stages=num_stages)
-    out = torch.empty_like(x)
-    block_n, block_k, num_warps, num_stages = down_sum
-    _moe_gemv_down_sum_kernel[(num_tokens, triton.cdiv(hidden, block_n))](
-        activation, down_proj, out, topk_weights, topk_ids, hidden, intermediate, down_proj.stride(0),
-        down_proj.stride(1), TOP_K=top_k, BLOCK_N=block_n, BLOCK_K=min(block_k, triton.next_power_of_2(intermediate)),
-        num_warps=num_warps, num_stages=num_stages)
-    return out
-
-
 def sum_pairs(by_pair: torch.Tensor) -> torch.Tensor:
     """[T, k, H] -> [T, H], summed in fp32: one small kernel (torch's reduction over a middle
     dim of 8 is ~5 us at T = 1, a tenth of a decode step's expert time)."""
@@ -487,31 +468,6 @@ if triton is not None:
         if WEIGHTED:
             result = result * tl.load(topk_weights_ptr + pair).to(tl.float32)
         tl.store(out_ptr + pair * stride_out + cols, result.to(dtype), mask=col_ok)
-
-    @triton.jit
-    def _moe_gemv_down_sum_kernel(a_ptr, w_ptr, out_ptr, topk_weights_ptr, topk_ids_ptr, N, K, stride_we, stride_wn,
-                                  TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        """out[token, n] = sum over its k pairs of the weighted down row (each rounded as
-        `_fused_moe_kernel` rounds it, the sum in fp32)."""
-        token = tl.program_id(0).to(tl.int64)
-        cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-        col_ok = cols < N
-        ks = tl.arange(0, BLOCK_K)
-        dtype = out_ptr.dtype.element_ty
-        total = tl.zeros((BLOCK_N,), dtype=tl.float32)
-        for j in range(TOP_K):
-            pair = token * TOP_K + j
-            expert = tl.load(topk_ids_ptr + pair).to(tl.int64)
-            acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-            for k0 in range(0, K, BLOCK_K):
-                k_ok = ks < K - k0
-                a = tl.load(a_ptr + pair * K + k0 + ks, mask=k_ok, other=0.0).to(tl.float32)
-                w = tl.load(w_ptr + expert * stride_we + cols[:, None] * stride_wn + (k0 + ks)[None, :],
-                            mask=col_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
-                acc += w * a[None, :]
-            row = tl.sum(acc, axis=1).to(dtype).to(tl.float32) * tl.load(topk_weights_ptr + pair).to(tl.float32)
-            total += row.to(dtype).to(tl.float32)
-        tl.store(out_ptr + token * N + cols, total.to(dtype), mask=col_ok)
 
     @triton.jit
     def _routing_kernel(logits_ptr, weights_ptr, ids_ptr, num_tokens, num_experts, TOP_K: tl.constexpr,
