@@ -78,25 +78,28 @@ def test_bf16_greedy_equals_hf_bf16_generate(checkpoint):
     bf16 logits are coarse: HF can produce two exactly equal top logits, and then which
     one wins depends on rounding order, not on the model. A divergence is accepted only
     at such a tie (top-2 within one bf16 step of each other in HF's logits); everything
-    before it must be identical, and most prompts must match all 32 tokens."""
+    before it must be identical, and at least the first 8 tokens of every prompt.
+
+    (This tiny model's logits are ~12 where a bf16 step is 0.0625: its top two are often one
+    step apart. At 66c3825 HF itself and omniwalk with cuBLAS's projections parted at such
+    ties in 2 of 3 prompts, at tokens 14 and 16; with the GEMV projections in 3, at 14, 16
+    and 28, every one within one bf16 step.)"""
     folder, tokenizer = checkpoint
     hf = transformers.Qwen3ForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).cuda().eval()
     with Engine(EngineArgs(str(folder), device="cuda", dtype="bfloat16", kv_cache_tokens=65536)) as engine:
         results = engine.generate(greedy_requests(32, ignore_eos=True))
-    full_matches = 0
     for prompt, result in zip(PROMPTS, results):
         ids = tokenizer(prompt, return_tensors="pt").input_ids.cuda()
         out = hf.generate(ids, max_new_tokens=32, min_new_tokens=32, do_sample=False, pad_token_id=0,
                           output_logits=True, return_dict_in_generate=True)
         expected = out.sequences[0, ids.shape[1]:].tolist()
         if result.token_ids == expected:
-            full_matches += 1
             continue
         first = next(i for i, (a, b) in enumerate(zip(result.token_ids, expected)) if a != b)
+        assert first >= 8, f"{prompt!r}: diverged at token {first}"
         top2 = out.logits[first][0].float().topk(2).values
         step = torch.finfo(torch.bfloat16).eps * top2[0].abs().clamp(min=1.0)
         assert (top2[0] - top2[1]).abs() <= step, f"{prompt!r}: diverged at {first} without a tie"
-    assert full_matches >= 2
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 64])
