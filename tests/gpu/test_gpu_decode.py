@@ -109,9 +109,12 @@ def test_budget_contract_on_cuda(checkpoint, n):
         results = engine.generate(greedy_requests(n, ignore_eos=True) * 4)
         assert [len(r.token_ids) for r in results] == [n] * 12
         assert all(r.finish_reason == "length" for r in results)
+        # streamed == not streamed, both alone: batch 1 multiplies through the GEMV kernel and
+        # batch 12 through cuBLAS, whose bf16 roundings may part at a tie (test_bf16_greedy...)
+        alone = engine.generate(greedy_requests(n, ignore_eos=True)[:1])[0]
         streamed = list(engine.stream(PROMPTS[0], max_tokens=n, ignore_eos=True))
-        assert [t for c in streamed for t in c.token_ids] == results[0].token_ids
-        assert engine.runtime.walk_counts["decode"] == (0 if n == 1 else 13)
+        assert [t for c in streamed for t in c.token_ids] == alone.token_ids
+        assert engine.runtime.walk_counts["decode"] == (0 if n == 1 else 14)
         if n == 64:   # the decode loop ran one step ahead, and nothing past a budget leaked
             assert engine.model.executors["backbone"].lookahead_used > 0
 
