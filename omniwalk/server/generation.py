@@ -43,9 +43,21 @@ class ServerContext:
 
     engine: Engine
     metrics: ServerMetrics
-    model_name: str                                        # what `model` must say on /v1 routes
+    model_name: str                                        # the first served name: responses to requests
+                                                           # that name no model say it, metrics label it
     media: MediaOptions = field(default_factory=MediaOptions)
     created: int = field(default_factory=lambda: int(time.time()))
+    model_aliases: tuple[str, ...] = ()                    # further names (`--served-model-name a b c`)
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        """Every name `model` may say on the /v1 routes."""
+        return (self.model_name, *self.model_aliases)
+
+    def check_model(self, model: str | None) -> None:
+        """A request may leave `model` out; when given, it must be one of the served names."""
+        if model is not None and model not in self.model_names:
+            raise ApiError(404, f"The model `{model}` does not exist.", "model")
 
     @property
     def produces_speech(self) -> bool:
@@ -142,7 +154,8 @@ class Generation:
                 raise ApiError(503, str(exc)) from None
             raise
         self.records: list[RequestRecord] = [
-            ctx.metrics.track(len(stream.prompt_token_ids or ()), start) for stream in self.streams
+            ctx.metrics.track(request, len(stream.prompt_token_ids or ()), start)
+            for request, stream in zip(requests, self.streams)
         ]
 
     def prompt_token_ids(self, index: int) -> list[int]:

@@ -60,19 +60,19 @@ def openai_router(ctx: ServerContext) -> APIRouter:
     router = APIRouter(prefix="/v1")
     token_text = _token_text_cache(ctx.engine.tokenizer)
 
-    def model_card() -> dict:
-        return {"id": ctx.model_name, "object": "model", "created": ctx.created, "owned_by": "omniwalk",
+    def model_card(name: str) -> dict:
+        return {"id": name, "object": "model", "created": ctx.created, "owned_by": "omniwalk",
                 "root": ctx.engine.args.model, "parent": None, "max_model_len": ctx.engine.max_model_len}
 
     @router.get("/models")
     async def models():
-        return {"object": "list", "data": [model_card()]}
+        """One card per served name (`--served-model-name a b`), the first name first, as vLLM lists them."""
+        return {"object": "list", "data": [model_card(name) for name in ctx.model_names]}
 
     @router.get("/models/{model:path}")
     async def model(model: str):
-        if model != ctx.model_name:
-            raise ApiError(404, f"The model `{model}` does not exist.", "model")
-        return model_card()
+        ctx.check_model(model)
+        return model_card(model)
 
     @router.post("/completions")
     async def completions(body: CompletionRequest, request: Request):
@@ -118,8 +118,7 @@ async def _respond(request: Request, view: "_View"):
 
 
 def _check_common(ctx: ServerContext, body) -> None:
-    if body.model is not None and body.model != ctx.model_name:
-        raise ApiError(404, f"The model `{body.model}` does not exist.", "model")
+    ctx.check_model(body.model)
     if body.n < 1:
         raise ApiError(400, f"n must be >= 1, got {body.n}", "n")
     if body.logit_bias:
@@ -211,7 +210,7 @@ def _default(value, default):
 
 def render_chat(tokenizer, body: ChatCompletionRequest) -> list[int]:
     """Text-only messages -> prompt ids through the chat template (which brings its own special tokens)."""
-    return tokenizer.encode(_template_text(tokenizer, body, [m.text() for m in body.messages]),
+    return tokenizer.encode(chat_template_text(tokenizer, body, [m.text() for m in body.messages]),
                             add_special_tokens=False)
 
 
@@ -226,7 +225,7 @@ def chat_prompt(tokenizer, body: ChatCompletionRequest,
         text, refs = chat_content(message.content, f"messages[{index}].content", markers)
         contents.append(text)
         media += refs
-    text = _template_text(tokenizer, body, contents)
+    text = chat_template_text(tokenizer, body, contents)
     if markers:   # the template may not add markers of its own either
         check_markers(text, markers, [ref.kind for ref in media], "messages")
     if not media:
@@ -243,8 +242,10 @@ def _without_template_bos(tokenizer, text: str) -> str:
     return text
 
 
-def _template_text(tokenizer, body: ChatCompletionRequest, contents: list[str]) -> str:
-    """The messages (their content as `contents`) rendered by the chat template."""
+def chat_template_text(tokenizer, body, contents: list[str]) -> str:
+    """The messages (their content as `contents`) rendered by the chat template. `body`: a
+    ChatCompletionRequest, or any body with its `messages`, `add_generation_prompt`,
+    `continue_final_message` and `chat_template_kwargs` (/tokenize's)."""
     messages = []
     for message, content in zip(body.messages, contents):
         entry = {"role": message.role, "content": content}
@@ -317,7 +318,7 @@ class _View:
 
     def _envelope(self, object_name: str, choices: list[dict]) -> dict:
         return {"id": self.generation.request_id, "object": object_name, "created": self.created,
-                "model": self.ctx.model_name, "choices": choices}
+                "model": self.body.model or self.ctx.model_name, "choices": choices}
 
     def response(self, results: list[Collected]) -> dict:
         failed = [r for r in results if r.finish_reason not in _OUTPUT_REASONS]

@@ -22,8 +22,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 class ApiError(Exception):
     """An error answered in the OpenAI envelope: {"error": {"message", "type", "param", "code"}}."""
 
-    TYPES = {400: "BadRequestError", 404: "NotFoundError", 413: "RequestTooLargeError", 422: "UnprocessableEntityError",
-             429: "RateLimitError", 500: "InternalServerError", 503: "ServiceUnavailableError"}
+    TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 413: "RequestTooLargeError",
+             422: "UnprocessableEntityError", 429: "RateLimitError", 500: "InternalServerError",
+             503: "ServiceUnavailableError"}
 
     def __init__(self, status: int, message: str, param: str | None = None):
         super().__init__(message)
@@ -279,3 +280,34 @@ class GenerateSpeechRequest(_SpeechSampling):
 
     prompt: str
     stream: bool = False
+
+
+# ----------------------------------------------------------------------------- tokenization
+
+
+class TokenizeCompletionRequest(_Strict):
+    """POST /tokenize with a text prompt (vLLM's body)."""
+
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool = True          # the tokenizer's BOS etc., as a completion's prompt gets
+    return_token_strs: bool = False
+
+
+class TokenizeChatRequest(_Strict):
+    """POST /tokenize with chat messages (vLLM's body): the prompt a chat completion would get."""
+
+    model: str | None = None
+    messages: list[ChatMessage]
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False         # the chat template brings its own
+    chat_template_kwargs: dict[str, Any] | None = None
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(_Strict):
+    """POST /detokenize (vLLM's body)."""
+
+    model: str | None = None
+    tokens: list[int]
