@@ -34,7 +34,7 @@ from omniwalk.engine.causal_lm_executor import TokenLogprobs
 from omniwalk.runtime import QueueFullError
 from omniwalk.server.media import MediaOptions, MediaRef, load_media, name_the_item
 from omniwalk.server.metrics import RequestRecord, ServerMetrics
-from omniwalk.server.protocol import ApiError
+from omniwalk.server.protocol import ApiError, ClientFields
 
 
 @dataclass
@@ -78,25 +78,26 @@ class ServerContext:
         return self.engine.frontend(Capability.TEXT).media_markers
 
     def submit(self, requests: list[GenerationRequest], request_id: str,
-               loop: asyncio.AbstractEventLoop | None = None) -> "Generation":
+               loop: asyncio.AbstractEventLoop | None = None, fields: ClientFields | None = None) -> "Generation":
         """Text generations (the completion routes). `loop`: the event loop the chunks go to,
-        when this runs on a worker thread (a request whose frontend decodes media)."""
+        when this runs on a worker thread (a request whose frontend decodes media). `fields`:
+        the route's field names, for the engine's 400s."""
         self.check_generates_text()
-        return Generation(self, requests, request_id, loop=loop)
+        return Generation(self, requests, request_id, loop=loop, fields=fields)
 
     async def submit_with_media(self, requests: list[GenerationRequest], request_id: str,
-                                media: list[MediaRef]) -> "Generation":
+                                media: list[MediaRef], fields: ClientFields | None = None) -> "Generation":
         """Text generations whose prompt has a marker for each of `media`: on a worker thread,
         the media's bytes are read (base64, files) and the frontend decodes them (`Engine.submit`),
         so the event loop keeps serving other requests meanwhile."""
         if not media:
-            return self.submit(requests, request_id)
+            return self.submit(requests, request_id, fields=fields)
         loop = asyncio.get_running_loop()
 
         def load_and_submit() -> Generation:
             inputs = load_media(media, self.media)
             try:
-                return self.submit([replace(r, media=inputs) for r in requests], request_id, loop)
+                return self.submit([replace(r, media=inputs) for r in requests], request_id, loop, fields)
             except ApiError as exc:   # the frontend's error about one item: name it in `param`
                 raise name_the_item(exc, inputs) from None
 
@@ -113,6 +114,7 @@ class Collected:
     finish_reason: str | None = None
     error: str | None = None
     num_prompt_tokens: int = 0
+    stop_reason: str | int | None = None
 
     def add(self, chunk: GenerationChunk) -> None:
         self.token_ids += chunk.token_ids
@@ -121,6 +123,7 @@ class Collected:
         if chunk.finished:
             self.finish_reason = chunk.finish_reason
             self.error = chunk.error
+            self.stop_reason = chunk.stop_reason
 
 
 #: submits one engine request: (request, request id, event loop) -> its stream
@@ -131,7 +134,7 @@ class Generation:
     """The engine requests of one HTTP request (of any capability; `submit` to wrap the engine's)."""
 
     def __init__(self, ctx: ServerContext, requests: list, request_id: str, submit: Submit | None = None,
-                 loop: asyncio.AbstractEventLoop | None = None):
+                 loop: asyncio.AbstractEventLoop | None = None, fields: ClientFields | None = None):
         if not ctx.engine.is_alive:
             raise ApiError(503, f"the engine is not running ({ctx.engine.error})")
         start = time.monotonic()
@@ -147,7 +150,7 @@ class Generation:
             for stream in self.streams:
                 stream.abort()
             if isinstance(exc, ValueError):
-                raise ApiError(400, str(exc)) from None
+                raise (fields.error(exc) if fields is not None else ApiError(400, str(exc))) from None
             if isinstance(exc, QueueFullError):
                 raise ApiError(429, f"the server is full, retry later ({exc})") from None
             if isinstance(exc, RuntimeError) and not ctx.engine.is_alive:
