@@ -27,6 +27,8 @@ A speech request's output tokens are its audio codes.
 
 `vllm_names=True` (`omniwalk serve --metrics-compat vllm`) also exports the same values
 under the `vllm:` names dashboards built for vLLM read (VLLM_NAMES); the omniwalk names stay.
+They keep omniwalk's definitions above: `vllm:time_per_output_token_seconds` is TPOT, one
+observation per request, where vLLM observes every gap between two tokens.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ import openai
 import pytest
 
 from omniwalk.api import Engine
+from omniwalk.client import Client, ServerError
 from omniwalk.loading import EngineArgs
 from omniwalk.server import build_app
 from processes import start_serve, wait_healthy
@@ -93,6 +94,14 @@ def test_every_route_but_health_wants_the_key(locked):
             if method != "HEAD":
                 assert anonymous.json()["error"]["type"] == "AuthenticationError"
                 assert anonymous.headers["www-authenticate"] == "Bearer"
+
+
+def test_omniwalk_client_sends_the_key(locked):
+    with Client(locked.url, api_key=KEY) as client:
+        assert client.generate("Hi", max_output_tokens=2, ignore_eos=True)["usage"]["output_tokens"] == 2
+    with Client(locked.url) as client, pytest.raises(ServerError) as refused:
+        client.generate("Hi")
+    assert refused.value.status == 401
 
 
 def test_openai_client_with_and_without_the_key(locked):
