@@ -59,10 +59,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from omniwalk.api import Engine
 from omniwalk.capabilities import Capability
-from omniwalk.server.generation import ServerContext
-from omniwalk.server.media import DEFAULT_MAX_MEDIA_BYTES, MediaOptions
 from omniwalk.server.auth import ApiKeyMiddleware
+from omniwalk.server.generation import ServerContext
 from omniwalk.server.info import info_router
+from omniwalk.server.media import DEFAULT_MAX_MEDIA_BYTES, MediaOptions
 from omniwalk.server.metrics import METRICS_COMPAT, ServerMetrics
 from omniwalk.server.native import native_router
 from omniwalk.server.openai_api import openai_router

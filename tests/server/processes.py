@@ -20,7 +20,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_serve(*serve_args: str, port: int | None = None, log_level: str = "warning") -> tuple[subprocess.Popen, str]:
+def start_serve(*serve_args: str, port: int | None = None,
+                log_level: str = "warning") -> tuple[subprocess.Popen, str]:
     """`python -m omniwalk.cli serve <serve_args>` (output to a pipe), and its base URL."""
     port = port or free_port()
     command = [sys.executable, "-m", "omniwalk.cli", "serve", *serve_args, "--port", str(port), "--log-level", log_level]
