@@ -35,9 +35,9 @@ If the engine process dies, the requests in flight end with an error at once and
 server stays up answering 503 (/health too) until it is restarted.
 
 Errors are answered in the OpenAI envelope {"error": {"message", "type", "param", "code"}}
-with the HTTP status in `code`: 400 bad values (the engine's ValueError message), 404
-unknown model or route, 429 full server, 500 a request that failed in the engine, 503 a dead
-engine. Malformed bodies (invalid JSON, wrong types, unknown fields) are a 400 on the /v1
+with the HTTP status in `code`: 400 bad values (the engine's ValueError message, in the
+route's field names, `param` set), 401 a missing or wrong API key, 404 unknown model or
+route, 429 full server, 500 a request that failed in the engine, 503 a dead engine. Malformed bodies (invalid JSON, wrong types, unknown fields) are a 400 on the /v1
 routes, as vLLM answers, and a 422 elsewhere (with FastAPI's `detail` list as well).
 """
 
