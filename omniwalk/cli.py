@@ -3,6 +3,7 @@
     omniwalk serve [MODEL] [--host H --port P ...]      the HTTP server (default model: tiny-qwen3)
     omniwalk generate MODEL "prompt" --max-tokens N      one generation in-process, printed
     omniwalk bench [--url URL] [--model M] ...           load generator and metrics (omniwalk/bench/cli.py)
+    omniwalk --version
 """
 
 from __future__ import annotations
@@ -11,10 +12,39 @@ import argparse
 import logging
 import sys
 
+from omniwalk.cli_generate import __doc__ as generate_doc
+from omniwalk.cli_generate import add_generate_arguments, run_generate
 from omniwalk.loading import EngineArgs
+from omniwalk.logs import configure_logging
+from omniwalk.server.auth import API_KEY_ENV, api_key_from_env
 from omniwalk.server.media import DEFAULT_MAX_MEDIA_BYTES
+from omniwalk.server.metrics import METRICS_COMPAT
+from omniwalk.version import package_version
 
 _DEFAULTS = EngineArgs()
+
+#: --dtype as vLLM spells it -> the name EngineArgs takes
+DTYPES = {"auto": "auto", "half": "float16", "float16": "float16", "bfloat16": "bfloat16",
+          "float": "float32", "float32": "float32"}
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Every flag's help ends with its default, unless the help already says what it is
+    (a default of None usually means something to spell out: "the model's", "none"). Descriptions
+    keep their line breaks."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        help_text = action.help or ""
+        if "default" in help_text or action.default is argparse.SUPPRESS or not action.option_strings:
+            return help_text
+        return help_text + " (default: %(default)s)"
+
+
+def _dtype(text: str) -> str:
+    try:
+        return DTYPES[text.lower()]
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from {', '.join(DTYPES)})") from None
 
 
 def _add_engine_flags(parser: argparse.ArgumentParser, seed: bool = True, engine_process: bool = False) -> None:
@@ -22,7 +52,9 @@ def _add_engine_flags(parser: argparse.ArgumentParser, seed: bool = True, engine
     group.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=engine_process,
                        help="run the engine loop (model, device) in a process of its own, apart from the API "
                             "side's HTTP, tokenization and detokenization (default: %(default)s)")
-    group.add_argument("--dtype", default=_DEFAULTS.dtype, choices=["auto", "float32", "float16", "bfloat16"])
+    group.add_argument("--dtype", type=_dtype, default=_DEFAULTS.dtype, metavar="{" + ",".join(DTYPES) + "}",
+                       help="weights and activations, as vLLM spells them: half = float16, float = float32; "
+                            "auto: float32 on CPU, bfloat16 on CUDA (default: auto)")
     group.add_argument("--device", default=_DEFAULTS.device, help="auto, cpu, cuda, cuda:1, ...")
     group.add_argument("--load-format", default=_DEFAULTS.load_format, choices=["auto", "dummy"],
                        help="dummy: random weights at the checkpoint's shape (no weight files read)")
@@ -33,23 +65,29 @@ def _add_engine_flags(parser: argparse.ArgumentParser, seed: bool = True, engine
     group.add_argument("--max-num-seqs", type=int, default=_DEFAULTS.max_num_seqs, help="requests running at once")
     group.add_argument("--max-queue", type=int, default=_DEFAULTS.max_queue,
                        help="requests waiting beyond --max-num-seqs before answering 429")
-    group.add_argument("--max-num-batched-tokens", type=int, default=_DEFAULTS.max_num_batched_tokens)
+    group.add_argument("--max-num-batched-tokens", type=int, default=_DEFAULTS.max_num_batched_tokens,
+                       help="tokens one engine step computes at most (prefill chunks and decode steps together)")
     group.add_argument("--kv-cache-tokens", type=int, default=None,
                        help="KV cache size in tokens (default: 65536 on CPU, from free memory on GPU)")
     group.add_argument("--page-size", type=int, default=_DEFAULTS.page_size, help="tokens per KV cache page")
-    group.add_argument("--gpu-memory-utilization", type=float, default=_DEFAULTS.gpu_memory_utilization)
+    group.add_argument("--gpu-memory-utilization", type=float, default=_DEFAULTS.gpu_memory_utilization,
+                       help="CUDA: the fraction of the GPU's memory the engine may use (weights, KV cache, graphs)")
     group.add_argument("--enforce-eager", action="store_true", help="CUDA: decode without CUDA graphs")
+    group.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                       default=_DEFAULTS.enable_prefix_caching,
+                       help="share the KV cache pages of common prompt prefixes (vLLM's flag; not on hybrid models)")
     group.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
-                       help="compute every prompt in full (prefix caching is on by default)")
+                       help="compute every prompt in full: the same as --no-enable-prefix-caching "
+                            "(default: prefix caching on)")
     group.add_argument("--quantization", default=None, choices=["fp8"],
                        help="fp8: the decoder's linear layers in FP8 (per-channel weights, per-token activations; "
-                            "Llama / Qwen3 / Orpheus, GPUs of compute capability 8.9+)")
+                            "Llama / Qwen3 / Orpheus, GPUs of compute capability 8.9+) (default: none)")
     group.add_argument("--burst-window-ms", type=float, default=_DEFAULTS.burst_window_ms,
                        help="an idle engine woken by a request first waits while more arrive, each within this "
                             "many ms of the last (at most 50 ms in all), so a burst is prefilled together; 0: off")
     group.add_argument("--no-startup-warmup", dest="startup_warmup", action="store_const", const=False, default=None,
                        help="CUDA: start without running a few warm-up requests (they compile at load what "
-                            "the first requests would otherwise compile: ~1 s)")
+                            "the first requests would otherwise compile: ~1 s) (default: warm up on CUDA)")
     group.add_argument("--codec", default=None,
                        help="TTS checkpoints: local codec folder (Orpheus: SNAC; default: MODEL/snac)")
 
@@ -57,16 +95,30 @@ def _add_engine_flags(parser: argparse.ArgumentParser, seed: bool = True, engine
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="omniwalk", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    serve = commands.add_parser("serve", help="serve a model over HTTP (OpenAI-compatible and native routes)")
+    serve = commands.add_parser("serve", help="serve a model over HTTP (OpenAI-compatible and native routes)",
+                                formatter_class=HelpFormatter)
     serve.add_argument("model", nargs="?", default="tiny-qwen3",
                        help="a built-in name (tiny-qwen3, tiny-llama, tiny-qwen3_5, tiny-orpheus, "
-                            "tiny-whisper) or a local Hugging Face checkpoint folder")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--served-model-name", default=None, help="the name /v1 requests use (default: MODEL)")
-    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+                            "tiny-whisper) or a local Hugging Face checkpoint folder (default: %(default)s)")
+    serve.add_argument("--host", default="127.0.0.1", help="the address to listen on (0.0.0.0: every interface)")
+    serve.add_argument("--port", type=int, default=8000, help="the port to listen on")
+    serve.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                       help="the name(s) `model` may say on /v1 requests; responses that name none report the "
+                            "first (default: MODEL)")
+    serve.add_argument("--api-key", default=api_key_from_env(), metavar="KEY",
+                       help=f"every route but /health answers 401 without 'Authorization: Bearer KEY' "
+                            f"(default: ${API_KEY_ENV}, else none: the server is open)")
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                       help="uvicorn's log level (omniwalk's own lines stay at info)")
+    serve.add_argument("--disable-log-stats", action="store_true",
+                       help="no periodic stats line (every 10 s while busy: running and waiting requests, "
+                            "tokens/s in and out, KV cache usage)")
+    serve.add_argument("--metrics-compat", default=None, choices=METRICS_COMPAT,
+                       help="vllm: /metrics also exports vLLM's names (vllm:num_requests_running, "
+                            "vllm:time_to_first_token_seconds, ...) for dashboards built on them (default: none)")
     media = serve.add_argument_group("media (image and audio parts of requests, on a model that takes them)")
     media.add_argument("--allowed-local-media-path", default=None, metavar="DIR",
                        help="requests may name local files (file:// URLs or paths) under DIR, after symlinks "
@@ -75,20 +127,16 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the most bytes one image or audio item may have (default: 20 MiB)")
     _add_engine_flags(serve, engine_process=True)
 
-    generate = commands.add_parser("generate", help="generate once, in-process, and print the text")
-    generate.add_argument("model")
-    generate.add_argument("prompt")
-    generate.add_argument("--max-tokens", type=int, default=16)
-    generate.add_argument("--temperature", type=float, default=0.0)
-    generate.add_argument("--seed", dest="request_seed", type=int, default=None,
-                          help="sampling seed (random weights always use the engine's default seed)")
-    generate.add_argument("--ignore-eos", action="store_true")
-    generate.add_argument("--stream", action="store_true", help="print text as it is generated")
+    generate = commands.add_parser("generate", help="generate once, in-process: print the text, write the "
+                                   "speech (-o FILE), or transcribe (--audio FILE)",
+                                   formatter_class=HelpFormatter, description=generate_doc)
+    add_generate_arguments(generate)
     _add_engine_flags(generate, seed=False)
 
     from omniwalk.bench.cli import add_bench_arguments
 
-    bench = commands.add_parser("bench", help="measure a server (--url) or an in-process engine under load")
+    bench = commands.add_parser("bench", help="measure a server (--url) or an in-process engine under load",
+                                formatter_class=HelpFormatter)
     add_bench_arguments(bench)
     _add_engine_flags(bench, seed=False)   # in-process only; --seed is the workload's
     return parser
@@ -100,32 +148,13 @@ def _engine_args(args: argparse.Namespace) -> EngineArgs:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from omniwalk.api import Engine, GenerationRequest
-    from omniwalk.engine.sampler import SamplingParams
+    from omniwalk.api import Engine
     from omniwalk.server.app import random_weights_banner
 
     with Engine(_engine_args(args)) as engine:
         if engine.loaded.random_weights:
             print(random_weights_banner(args.model).strip("\n"), file=sys.stderr)
-        request = GenerationRequest(
-            prompt=args.prompt, max_tokens=args.max_tokens, ignore_eos=args.ignore_eos,
-            sampling=SamplingParams(temperature=args.temperature, seed=args.request_seed),
-        )
-        stream = engine.submit(request)
-        if args.stream:
-            for last in stream:
-                print(last.text, end="", flush=True)
-            print()
-        else:
-            last = stream.result()
-            print(last.text)
-        usage = last.usage
-        print(f"[finish_reason={last.finish_reason} prompt_tokens={usage.prompt_tokens} "
-              f"output_tokens={usage.output_tokens}]")
-        if last.error:
-            print(f"error: {last.error}", file=sys.stderr)
-            return 1
-    return 0
+        return run_generate(engine, args)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     from omniwalk.server.app import PortInUseError
 
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(logging.INFO)
     try:
         if args.command == "serve":
             from omniwalk.server.app import serve

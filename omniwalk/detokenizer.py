@@ -75,6 +75,7 @@ class StopStringMatcher:
         self.text = ""        # all text seen
         self.emitted = 0      # chars of self.text already released
         self.matched = False
+        self.matched_stop: str | None = None   # the stop string found (the earliest in the text)
 
     def feed(self, delta: str, final: bool = False) -> str:
         """Add text; returns what can be released now. After a match, nothing more."""
@@ -83,10 +84,11 @@ class StopStringMatcher:
         start = max(0, len(self.text) - self.hold)
         self.text += delta
         if self.stop:
-            hits = [i for i in (self.text.find(s, start) for s in self.stop) if i >= 0]
+            hits = [(i, s) for i, s in ((self.text.find(s, start), s) for s in self.stop) if i >= 0]
             if hits:
+                first, self.matched_stop = min(hits, key=lambda hit: hit[0])
                 self.matched = True
-                self.text = self.text[: min(hits)]
+                self.text = self.text[:first]
                 final = True
         end = len(self.text) if final else max(self.emitted, len(self.text) - self.hold)
         released, self.emitted = self.text[self.emitted : end], end

@@ -30,6 +30,7 @@ import threading
 import time
 
 from omniwalk.ipc import Channel, ChannelClosed
+from omniwalk.logs import ENGINE_LOG_FORMAT, configure_logging
 from omniwalk.messages import (
     EngineCommand, EngineOutput, EngineReady, EngineSetup, InspectResult, LoopFailed, ModelInfo, Shutdown,
     StartFailed, StepOutputs,
@@ -167,7 +168,7 @@ def main(fd: int) -> int:
     sock.set_inheritable(False)                      # no child of ours may hold it open
     channel = Channel(sock)
     sys.path[:], level = channel.recv()              # the API process's: its families and test helpers import
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s engine %(name)s: %(message)s")
+    configure_logging(level, ENGINE_LOG_FORMAT)
     setup: EngineSetup = channel.recv()
 
     from omniwalk.engine_loop import Inbox, quiet_gc

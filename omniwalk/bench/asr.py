@@ -1,15 +1,18 @@
-"""`omniwalk bench --asr`: load an in-process Whisper engine with synthetic clips and report
-requests/s and real-time factors.
+"""`omniwalk bench --asr`: load a Whisper model, in-process or a server's (`--url`), with
+synthetic clips and report requests/s and real-time factors.
 
     omniwalk bench --asr --model benchmarks/whisper-large-v3 --load-format dummy \\
         --concurrency 1,16,64 --num-requests 64 --audio-seconds 30 --output-len 200
+    omniwalk bench --asr --url http://127.0.0.1:8000 --concurrency 1,16 --audio-seconds 30
+        (each clip uploaded as a WAV to POST /v1/audio/transcriptions, stream=true)
 
 Each request is one clip of `--audio-seconds` seconds of seeded synthetic audio (tones
 and noise at 16 kHz) transcribed greedily with `max_output_tokens = --output-len`.
 Closed loop: `--concurrency` requests in flight. Definitions (printed with the results):
 
   latency        request submitted -> final chunk (the transcript complete)
-  TTFT           request submitted -> first chunk carrying transcript ids
+  TTFT           request submitted -> first chunk carrying transcript ids (over HTTP: the
+                 first transcript.text.delta event, which carries text)
   request RTF    a request's latency / its audio duration (< 1: faster than real time)
   run RTF        the run's wall time / the audio seconds it transcribed
   audio s / s    audio seconds transcribed per wall second, all requests together
@@ -20,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import json
 import shlex
 import sys
 import time
@@ -35,7 +40,7 @@ DEFAULT_ASR_SECONDS = 30.0
 
 ASR_DEFINITIONS = {
     "latency": "request submitted -> final chunk (the transcript complete)",
-    "ttft": "request submitted -> first chunk carrying transcript ids",
+    "ttft": "request submitted -> first chunk carrying transcript ids (over HTTP: the first text delta event)",
     "request_rtf": "a request's latency / its audio duration (< 1: faster than real time)",
     "run_rtf": "the run's wall time / the audio seconds it transcribed",
     "audio_seconds_per_second": "audio seconds transcribed per wall second, all requests together",
@@ -46,7 +51,7 @@ ASR_DEFINITIONS = {
 def add_asr_arguments(parser: argparse.ArgumentParser) -> None:
     asr = parser.add_argument_group("speech recognition")
     asr.add_argument("--asr", action="store_true",
-                     help="ASR mode (in-process Whisper): synthetic clips of --audio-seconds (default "
+                     help="ASR mode (Whisper, in-process or --url): synthetic clips of --audio-seconds (default "
                           f"{DEFAULT_ASR_SECONDS:g}), --output-len is max_output_tokens")
 
 
@@ -83,16 +88,73 @@ async def _transcribe(engine, index: int, clip: np.ndarray, max_tokens: int, see
     return record
 
 
-async def _closed_loop(engine, clips, max_tokens: int, concurrency: int, seed: int) -> tuple[list[ASRRecord], float]:
+async def _transcribe_http(client, model: str | None, index: int, clip: np.ndarray, max_tokens: int,
+                           seed: int) -> ASRRecord:
+    """One clip through POST /v1/audio/transcriptions, streamed: SSE deltas, then the done
+    event with the usage (its output_tokens: the ids the server produced)."""
+    from omniwalk.bench.workload import wav_bytes
+
+    record = ASRRecord(index, len(clip) / SAMPLE_RATE, send_time=time.perf_counter())
+    form = {"stream": "true", "language": "en", "max_output_tokens": str(max_tokens), "seed": str(seed),
+            **({"model": model} if model else {})}
+    try:
+        async with client.stream("POST", "/v1/audio/transcriptions", data=form,
+                                 files={"file": ("clip.wav", wav_bytes(clip), "audio/wav")}) as response:
+            if response.status_code != 200:
+                record.error = f"HTTP {response.status_code}: {(await response.aread())[:300]!r}"
+            else:
+                await _read_transcript_events(response, record)
+    except Exception as exc:   # a transport failure fails this request only
+        record.error = f"{type(exc).__name__}: {exc}"
+    if record.end_time is None:
+        record.end_time = time.perf_counter()
+    if record.error is None and record.finish_reason is None:
+        record.error = "the stream ended without a transcript.text.done event"
+    return record
+
+
+async def _read_transcript_events(response, record: ASRRecord) -> None:
+    async for line in response.aiter_lines():
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        event, now = json.loads(line[len("data: "):]), time.perf_counter()
+        if event.get("type") == "transcript.text.delta" and record.first_token_time is None:
+            record.first_token_time = now
+        elif event.get("type") == "transcript.text.done":
+            usage = event["usage"]
+            record.end_time, record.output_tokens, record.finish_reason = now, usage["output_tokens"], \
+                usage["finish_reason"]
+        elif event.get("type") == "error":
+            record.end_time, record.error = now, event["error"]["message"]
+
+
+async def _closed_loop(send, clips, concurrency: int, seed: int) -> tuple[list[ASRRecord], float]:
+    """`send(index, clip, seed)` for every clip, `concurrency` at a time."""
     slots = asyncio.Semaphore(concurrency)
 
     async def one(index, clip):
         async with slots:
-            return await _transcribe(engine, index, clip, max_tokens, seed + index)
+            return await send(index, clip, seed + index)
 
     start = time.perf_counter()
     records = await asyncio.gather(*(one(i, clip) for i, clip in enumerate(clips)))
     return list(records), time.perf_counter() - start
+
+
+async def _run_in_process(engine, clips, max_tokens: int, concurrency: int, seed: int):
+    async def send(index, clip, clip_seed):
+        return await _transcribe(engine, index, clip, max_tokens, clip_seed)
+    return await _closed_loop(send, clips, concurrency, seed)
+
+
+async def _run_http(url: str, model: str | None, timeout_s: float, clips, max_tokens: int, concurrency: int,
+                    seed: int):
+    from omniwalk.bench.backends import http_client, normalize_base_url
+
+    async with http_client(normalize_base_url(url), timeout_s, None) as client:
+        async def send(index, clip, clip_seed):
+            return await _transcribe_http(client, model, index, clip, max_tokens, clip_seed)
+        return await _closed_loop(send, clips, concurrency, seed)
 
 
 def _percentiles(values: list[float]) -> dict:
@@ -134,10 +196,6 @@ def _format(label: str, s: dict) -> str:
 
 def run_asr_bench(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     """`omniwalk bench --asr`: 0, or 1 when any request failed."""
-    from omniwalk.api import Engine
-
-    if args.url:
-        raise ValueError("--asr runs in-process: give --model, not --url")
     concurrencies = parse_concurrency(args.concurrency) or [1]
     num = args.num_requests or 16
     max_tokens = int(str(args.output_len).split(":")[0])
@@ -145,28 +203,45 @@ def run_asr_bench(args: argparse.Namespace, argv: list[str] | None = None) -> in
     clips = [synthetic_clip(seconds, [args.seed, 0, i]) for i in range(num)]
     warmup = [synthetic_clip(seconds, [args.seed, 1, i]) for i in range(args.warmup)]
     runs = []
-    engine = Engine(_engine_args(args))
-    try:
-        print(f"target: in-process {engine.loaded.name} ({engine.loaded.dtype}, {engine.loaded.device})", flush=True)
+    with _asr_target(args) as (target, engine_args, run):
+        print(f"target: {target}", flush=True)
         for concurrency in concurrencies:
             if warmup:
-                asyncio.run(_closed_loop(engine, warmup, max_tokens, concurrency, args.seed + 7919))
-            records, duration = asyncio.run(_closed_loop(engine, clips, max_tokens, concurrency, args.seed))
+                asyncio.run(run(warmup, max_tokens, concurrency, args.seed + 7919))
+            records, duration = asyncio.run(run(clips, max_tokens, concurrency, args.seed))
             summary = summarize(records, duration)
             print(_format(f"c={concurrency}, closed loop", summary), flush=True)
             runs.append({"concurrency": concurrency, "summary": summary})
-        engine_args = asdict(engine.args)
-    finally:
-        engine.shutdown()
     print("definitions:\n" + "\n".join(f"  {k:<26} {v}" for k, v in ASR_DEFINITIONS.items()))
     failed = sum(r["summary"]["num_failed"] for r in runs)
     if args.json:
         argv = list(sys.argv[1:] if argv is None else argv)
         write_json(args.json, {
             "command": "omniwalk " + shlex.join(argv), "argv": argv, "date": now_iso(), "mode": "asr",
-            "machine": machine_info(), "config": {"engine_args": engine_args, "audio_seconds": seconds,
-                                                  "max_output_tokens": max_tokens, "num_requests": num,
-                                                  "warmup": args.warmup, "seed": args.seed},
+            "machine": machine_info(),
+            "config": {"target": target, "url": args.url, "engine_args": engine_args, "audio_seconds": seconds,
+                       "max_output_tokens": max_tokens, "num_requests": num, "warmup": args.warmup, "seed": args.seed},
             "definitions": ASR_DEFINITIONS, "failed": failed > 0, "num_failed": failed, "runs": runs,
         })
     return exit_status(failed, sum(r["summary"]["num_requests"] for r in runs), "see the failures above")
+
+
+@contextlib.contextmanager
+def _asr_target(args: argparse.Namespace):
+    """Yields (description, engine args or None, `run(clips, max_tokens, concurrency, seed)`
+    coroutine function) for a server (`--url`) or an in-process engine."""
+    if args.url:
+        def run_http(clips, max_tokens, concurrency, seed):
+            return _run_http(args.url, args.model, args.request_timeout, clips, max_tokens, concurrency, seed)
+        yield f"{args.url} /v1/audio/transcriptions, model {args.model!r}", None, run_http
+        return
+    from omniwalk.api import Engine
+
+    engine = Engine(_engine_args(args))
+    try:
+        def run_in_process(clips, max_tokens, concurrency, seed):
+            return _run_in_process(engine, clips, max_tokens, concurrency, seed)
+        yield (f"in-process {engine.loaded.name} ({engine.loaded.dtype}, {engine.loaded.device})",
+               asdict(engine.args), run_in_process)
+    finally:
+        engine.shutdown()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -84,11 +85,18 @@ def _new_record(request: BenchRequest) -> RequestRecord:
                          audio_seconds=request.audio_seconds)
 
 
-def _http_client(base_url: str, timeout_s: float, transport: httpx.AsyncBaseTransport | None) -> httpx.AsyncClient:
+def auth_headers() -> dict[str, str]:
+    """`Authorization: Bearer $OPENAI_API_KEY` (as `vllm bench serve` sends it; else
+    $OMNIWALK_API_KEY) for a server started with --api-key; none when neither is set."""
+    key = os.environ.get("OPENAI_API_KEY") or os.environ.get("OMNIWALK_API_KEY")
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def http_client(base_url: str, timeout_s: float, transport: httpx.AsyncBaseTransport | None) -> httpx.AsyncClient:
     # no pool limit: the bench's own concurrency is the only cap on requests in flight
     return httpx.AsyncClient(
         base_url=base_url, transport=transport, timeout=httpx.Timeout(timeout_s, connect=30.0),
-        limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=None), headers=auth_headers(),
     )
 
 
@@ -140,7 +148,7 @@ class OpenAICompletionsBackend:
         self.base_url = normalize_base_url(base_url)
         self.model = model
         self.ignore_eos = ignore_eos
-        self.client = _http_client(self.base_url, timeout_s, transport)
+        self.client = http_client(self.base_url, timeout_s, transport)
 
     def payload(self, request: BenchRequest) -> dict:
         body = {
@@ -205,7 +213,7 @@ class NativeGenerateBackend:
                  transport: httpx.AsyncBaseTransport | None = None):
         self.base_url = normalize_base_url(base_url)
         self.ignore_eos = ignore_eos
-        self.client = _http_client(self.base_url, timeout_s, transport)
+        self.client = http_client(self.base_url, timeout_s, transport)
 
     def payload(self, request: BenchRequest) -> dict:
         body = {"prompt_token_ids": request.prompt_token_ids, "max_output_tokens": request.output_len,
@@ -260,7 +268,7 @@ def served_model_name(base_url: str, timeout_s: float = 30.0) -> str:
     """The first model GET /v1/models lists (for a --url given without --model)."""
     url = normalize_base_url(base_url) + "/v1/models"
     try:
-        response = httpx.get(url, timeout=timeout_s)
+        response = httpx.get(url, timeout=timeout_s, headers=auth_headers())
         response.raise_for_status()
         return response.json()["data"][0]["id"]
     except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:

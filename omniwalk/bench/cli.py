@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import shlex
 import sys
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -46,8 +47,9 @@ DEFAULT_SYNTHETIC_REQUESTS = 100
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     target = parser.add_argument_group("target")
-    target.add_argument("--url", default=None,
-                        help="a running OpenAI-compatible server (any); without it the model runs in-process")
+    target.add_argument("--url", "--base-url", default=None,
+                        help="a running OpenAI-compatible server (any; a key from $OPENAI_API_KEY or "
+                             "$OMNIWALK_API_KEY is sent as a bearer token) (default: none: the model runs in-process)")
     target.add_argument("--model", default=None,
                         help="with --url: the served model name (default: the first of /v1/models); "
                              f"without: a built-in name or a local HF folder, run in-process (default {DEFAULT_MODEL}; "
@@ -57,34 +59,44 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     target.add_argument("--request-timeout", type=float, default=600.0, help="seconds per HTTP request")
 
     workload = parser.add_argument_group("workload")
-    workload.add_argument("--input-len", default="128", help="prompt tokens: N or LOW:HIGH (uniform)")
-    workload.add_argument("--output-len", default="128",
+    workload.add_argument("--input-len", "--random-input-len", default="128",
+                          help="prompt tokens: N or LOW:HIGH (uniform)")
+    workload.add_argument("--output-len", "--random-output-len", default="128",
                           help="max_tokens: N or LOW:HIGH (uniform); with --tts, audio-code tokens")
     workload.add_argument("--prompts-file", default=None,
-                          help="prompts instead of random tokens: one per line, or JSONL with `prompt`")
-    workload.add_argument("--num-requests", type=int, default=None,
+                          help="prompts instead of random tokens: one per line, or JSONL with `prompt` "
+                               "(default: none: random tokens)")
+    workload.add_argument("--num-requests", "--num-prompts", type=int, default=None,
                           help=f"measured requests per run (default {DEFAULT_SYNTHETIC_REQUESTS}, "
                                f"or the file's prompts)")
     workload.add_argument("--warmup", type=int, default=0, help="requests sent first at each run, not measured")
     workload.add_argument("--audio-seconds", type=float, default=None, metavar="S",
                           help="audio in: each request also carries one seeded synthetic clip of S seconds "
                                "(16 kHz, 0 < S <= 600); over HTTP sent to /generate as a WAV data URL. "
-                               "With --asr: the clip of each request")
+                               "With --asr: the clip of each request (default: none: text only)")
     workload.add_argument("--seed", type=int, default=0, help="seed of prompts, lengths, clips and arrivals")
     workload.add_argument("--ignore-eos", action="store_true", help="ask for exactly max_tokens ids per request")
-    workload.add_argument("--concurrency", default=None,
+    workload.add_argument("--concurrency", "--max-concurrency", default=None,
                           help="requests in flight: one value or a list (1,32,128: one run each). Closed loop; "
-                               "with --request-rate, a cap")
+                               "with --request-rate, a cap (default: 1; with --request-rate, no cap)")
     workload.add_argument("--request-rate", type=float, default=None,
-                          help="Poisson arrivals at this many requests/s (seeded) instead of a closed loop")
+                          help="Poisson arrivals at this many requests/s (seeded) instead of a closed loop "
+                               "(default: none: closed loop)")
 
     output = parser.add_argument_group("output")
-    output.add_argument("--json", default=None, metavar="PATH", help="write every figure, the command and the machine")
+    output.add_argument("--json", default=None, metavar="PATH",
+                        help="write every figure, the command and the machine (default: none)")
+    output.add_argument("--save-result", action="store_true",
+                        help="vLLM's spelling of --json: write the JSON to --result-dir/--result-filename")
+    output.add_argument("--result-dir", default=".", help="--save-result: the folder")
+    output.add_argument("--result-filename", default=None,
+                        help="--save-result: the file name (default: omniwalk-bench-MODEL-DATE.json)")
     output.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
 
     baseline = parser.add_argument_group("baseline")
     baseline.add_argument("--baseline", choices=["hf"], default=None,
-                          help="hf: the same prompts through transformers generate, batch = concurrency")
+                          help="hf: the same prompts through transformers generate, batch = concurrency "
+                               "(default: none)")
     baseline.add_argument("--hf-model", default=None, help="HF folder for the baseline (default: --model)")
     baseline.add_argument("--hf-modes", default="eager,static_compiled", help="eager and/or static_compiled")
     baseline.add_argument("--hf-compile-backend", default="inductor", help="torch.compile backend of static_compiled")
@@ -270,7 +282,18 @@ def _hf_baselines(args, measured, batch_sizes) -> dict[int, dict]:
     return run_hf_baseline(config, measured, batch_sizes)
 
 
+def resolve_result_path(args: argparse.Namespace) -> None:
+    """`--save-result` (vLLM's flag) as `--json`: the path from --result-dir and --result-filename."""
+    if not getattr(args, "save_result", False) or args.json:
+        return
+    mode = "tts" if getattr(args, "tts", False) else "asr" if getattr(args, "asr", False) else "text"
+    name = args.result_filename or \
+        f"omniwalk-bench-{mode}-{Path(args.model or 'served').name}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    args.json = str(Path(args.result_dir) / name)
+
+
 def run_bench(args: argparse.Namespace, argv: list[str] | None = None) -> int:
+    resolve_result_path(args)
     if getattr(args, "tts", False):
         from omniwalk.bench.tts import run_tts_bench
 

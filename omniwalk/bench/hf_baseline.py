@@ -56,8 +56,10 @@ class HFBaselineConfig:
 
     def __post_init__(self):
         if not Path(self.model).is_dir():
-            raise ValueError(f"--baseline hf needs a local Hugging Face folder, got {self.model!r} "
-                             f"(give it with --hf-model)")
+            raise ValueError(f"--baseline hf runs transformers on a local Hugging Face folder; {self.model!r} is "
+                             f"not one (a built-in tiny-* model has none): give --model FOLDER, or --hf-model "
+                             f"FOLDER for the baseline alone (any checkpoint folder, or a model saved with "
+                             f"save_pretrained)")
         if self.load_format not in ("auto", "dummy"):
             raise ValueError(f"load_format must be auto or dummy, got {self.load_format!r}")
         unknown = set(self.modes) - set(MODES)

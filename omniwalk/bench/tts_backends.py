@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from omniwalk.bench.backends import _error_message, normalize_base_url, stream_post
+from omniwalk.bench.backends import _error_message, http_client, normalize_base_url, stream_post
 
 now = time.perf_counter
 
@@ -131,11 +131,7 @@ class SpeechSSEBackend:
         self.model = model
         self.voice = voice
         self.ignore_eos = ignore_eos
-        # no pool limit: the bench's own concurrency is the only cap on requests in flight
-        self.client = httpx.AsyncClient(
-            base_url=self.base_url, transport=transport, timeout=httpx.Timeout(timeout_s, connect=30.0),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
-        )
+        self.client = http_client(self.base_url, timeout_s, transport)
 
     def payload(self, request: TTSRequest) -> dict:
         body = {"input": request.text, "voice": self.voice, "response_format": "pcm", "stream_format": "sse",

@@ -167,8 +167,8 @@ def with_audio(requests: list[BenchRequest], seconds: float, seed: int, stream: 
     return out
 
 
-def wav_data_url(samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> str:
-    """`data:audio/wav;base64,...`: the samples as 16-bit PCM mono WAV."""
+def wav_bytes(samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> bytes:
+    """The samples as a 16-bit PCM mono WAV file."""
     pcm = np.round(np.clip(samples, -1.0, 1.0) * 32767).astype("<i2")
     buffer = io.BytesIO()
     with wave.open(buffer, "wb") as wav:
@@ -176,7 +176,12 @@ def wav_data_url(samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> str:
         wav.setsampwidth(2)
         wav.setframerate(sample_rate)
         wav.writeframes(pcm.tobytes())
-    return "data:audio/wav;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+    return buffer.getvalue()
+
+
+def wav_data_url(samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> str:
+    """`data:audio/wav;base64,...`: the samples as 16-bit PCM mono WAV."""
+    return "data:audio/wav;base64," + base64.b64encode(wav_bytes(samples, sample_rate)).decode("ascii")
 
 
 def arrival_gaps(num: int, request_rate: float | None, seed: int) -> list[float]:

@@ -66,6 +66,9 @@ class GenerationChunk:
     finish_reason: str | None = None
     usage: Usage | None = None
     error: str | None = None
+    # what stopped it, as vLLM reports it: the stop string or stop token id it matched;
+    # None for an EOS, the length cap, or a request still running
+    stop_reason: str | int | None = None
 
 
 @dataclass
@@ -96,7 +99,7 @@ class TextOutputProcessor:
     """Text deltas by incremental detokenization, stop strings, and the final usage record."""
 
     def __init__(self, request_id: str, stream: str, prompt_token_ids: list[int], tokenizer, stop: list[str],
-                 eos_like: frozenset[int]):
+                 eos_like: frozenset[int], reported_stop_ids: frozenset[int] = frozenset()):
         self.request_id = request_id
         self.tokens_key, self.logprobs_key = (stream, "tokens"), (stream, "logprobs")
         self.prompt_token_ids = prompt_token_ids
@@ -105,6 +108,7 @@ class TextOutputProcessor:
         # most requests have no stop strings: their text deltas pass as they are
         self.matcher = StopStringMatcher(stop) if any(stop) else None
         self.stop_ids = eos_like
+        self.reported_stop_ids = reported_stop_ids   # the client's stop_token_ids that are not an active EOS
         self.num_ids = 0
         self.ends_request = False
 
@@ -131,7 +135,17 @@ class TextOutputProcessor:
             chunk.finish_reason = FinishReason.STOP if self.ends_request else out.finish_reason
             chunk.error = None if self.ends_request else out.error
             chunk.usage = Usage(len(self.prompt_token_ids), self.num_ids)
+            chunk.stop_reason = self._stop_reason(ids, chunk.finish_reason)
         return chunk
+
+    def _stop_reason(self, ids: list[int], finish_reason: str) -> str | int | None:
+        """The stop string matched, or the stop token id that ended the output (vLLM's
+        `stop_reason`); None when an EOS or the length cap ended it."""
+        if self.ends_request:
+            return self.matcher.matched_stop
+        if finish_reason == FinishReason.STOP and ids and ids[-1] in self.reported_stop_ids:
+            return ids[-1]
+        return None
 
     def error_chunk(self, message: str) -> GenerationChunk:
         return GenerationChunk(self.request_id, [], "", [], finished=True, finish_reason=FinishReason.ERROR,
@@ -209,6 +223,8 @@ class TextFrontend(Frontend):
                           ignore_eos=request.ignore_eos, min_items=request.min_tokens)
         runtime_request = Request(request_id, prompt,
                                   {self.stream: StreamParams(max_tokens, stop, sampling, seed)})
+        # an id that is also an active EOS reports no stop reason, as vLLM checks EOS first
+        reported = frozenset(request.stop_token_ids) - (frozenset() if request.ignore_eos else self.eos_token_ids)
         processor = TextOutputProcessor(request_id, self.stream, prompt_ids, self.tokenizer, request.stop,
-                                        stop.stopping_ids())
+                                        stop.stopping_ids(), reported)
         return Prepared(runtime_request, processor, prompt_ids)

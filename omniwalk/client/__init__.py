@@ -21,6 +21,8 @@
     client.transcribe(wav_bytes, response_format="srt")               # text, srt, vtt: a str
 
 `prompt` is text or a list of token ids; every other field of the route goes in `**fields`.
+A server started with `--api-key` wants `api_key=` (default: $OMNIWALK_API_KEY), sent as
+`Authorization: Bearer <key>`.
 A server error (any 4xx/5xx, or an error reported on a stream after it started) raises
 `ServerError` with the HTTP status and the server's message. A streamed audio response
 that the server broke off (its request failed after the response started) raises
@@ -115,11 +117,22 @@ def _broken_stream(exc: Exception) -> ServerError:
     return ServerError(500, f"the audio stream was broken off (the request failed on the server): {exc}")
 
 
+def _auth_headers(api_key: str | None, httpx_options: dict) -> dict:
+    """The caller's headers, plus the bearer token of a server started with --api-key."""
+    headers = dict(httpx_options.pop("headers", None) or {})
+    api_key = api_key or os.environ.get("OMNIWALK_API_KEY")
+    if api_key:
+        headers.setdefault("Authorization", f"Bearer {api_key}")
+    return headers
+
+
 class Client:
     """Blocking client. Use as a context manager or call `close()`."""
 
-    def __init__(self, base_url: str = DEFAULT_URL, timeout: float | None = 600.0, **httpx_options):
-        self._http = httpx.Client(base_url=base_url, timeout=timeout, **httpx_options)
+    def __init__(self, base_url: str = DEFAULT_URL, timeout: float | None = 600.0, api_key: str | None = None,
+                 **httpx_options):
+        headers = _auth_headers(api_key, httpx_options)
+        self._http = httpx.Client(base_url=base_url, timeout=timeout, headers=headers, **httpx_options)
 
     def _post(self, path: str, body: dict) -> dict:
         response = self._http.post(path, json=body)
@@ -194,8 +207,10 @@ class Client:
 class AsyncClient:
     """asyncio client. Use as an async context manager or await `aclose()`."""
 
-    def __init__(self, base_url: str = DEFAULT_URL, timeout: float | None = 600.0, **httpx_options):
-        self._http = httpx.AsyncClient(base_url=base_url, timeout=timeout, **httpx_options)
+    def __init__(self, base_url: str = DEFAULT_URL, timeout: float | None = 600.0, api_key: str | None = None,
+                 **httpx_options):
+        headers = _auth_headers(api_key, httpx_options)
+        self._http = httpx.AsyncClient(base_url=base_url, timeout=timeout, headers=headers, **httpx_options)
 
     async def _post(self, path: str, body: dict) -> dict:
         response = await self._http.post(path, json=body)

@@ -21,6 +21,11 @@ Routes follow the served model's capabilities (`engine.capabilities`), never its
     GET  /health                 200 while the engine loop lives and moves, else 503 (a dead engine
                                  process: {"status": "dead", "error": why})
     GET  /metrics                Prometheus text                              (metrics.py)
+    POST /tokenize, /detokenize  vLLM's tokenizer routes                      (tokenization.py)
+    GET  /version                {"version": the installed omniwalk's}        (info.py)
+
+With `api_key` (`--api-key`, `OMNIWALK_API_KEY`) every route but /health answers 401
+without `Authorization: Bearer <key>` (auth.py).
 
 Processes: `omniwalk serve` runs the engine loop (the model, the device) in an engine
 process of its own (`--no-engine-process`: a thread of this one); this process keeps
@@ -30,20 +35,22 @@ If the engine process dies, the requests in flight end with an error at once and
 server stays up answering 503 (/health too) until it is restarted.
 
 Errors are answered in the OpenAI envelope {"error": {"message", "type", "param", "code"}}
-with the HTTP status in `code`: 400 bad values (the engine's ValueError message), 404
-unknown model or route, 429 full server, 500 a request that failed in the engine, 503 a dead
-engine. Malformed bodies (invalid JSON, wrong types, unknown fields) are a 400 on the /v1
+with the HTTP status in `code`: 400 bad values (the engine's ValueError message, in the
+route's field names, `param` set), 401 a missing or wrong API key, 404 unknown model or
+route, 429 full server, 500 a request that failed in the engine, 503 a dead engine. Malformed bodies (invalid JSON, wrong types, unknown fields) are a 400 on the /v1
 routes, as vLLM answers, and a 422 elsewhere (with FastAPI's `detail` list as well).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import logging
 import socket
 import time
 from pathlib import Path
+from typing import Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -52,37 +59,64 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from omniwalk.api import Engine
 from omniwalk.capabilities import Capability
+from omniwalk.server.auth import ApiKeyMiddleware
 from omniwalk.server.generation import ServerContext
+from omniwalk.server.info import info_router
 from omniwalk.server.media import DEFAULT_MAX_MEDIA_BYTES, MediaOptions
-from omniwalk.server.metrics import ServerMetrics
+from omniwalk.server.metrics import METRICS_COMPAT, ServerMetrics
 from omniwalk.server.native import native_router
 from omniwalk.server.openai_api import openai_router
 from omniwalk.server.protocol import ApiError, error_body, printable
 from omniwalk.server.speech import no_speech_router, speech_generate_router, speech_router
+from omniwalk.server.stats_log import StatsLogger
+from omniwalk.server.tokenization import tokenization_router
 from omniwalk.server.transcription import no_transcription_router, transcription_router
+from omniwalk.version import package_version
 
 logger = logging.getLogger(__name__)
 
 HEALTH_STALL_SECONDS = 30.0
 
 
-def build_app(engine: Engine, served_model_name: str | None = None,
-              stall_seconds: float = HEALTH_STALL_SECONDS, media: MediaOptions | None = None) -> FastAPI:
+def build_app(engine: Engine, served_model_name: str | Sequence[str] | None = None,
+              stall_seconds: float = HEALTH_STALL_SECONDS, media: MediaOptions | None = None,
+              api_key: str | None = None, metrics_compat: str | None = None) -> FastAPI:
     """An app serving `engine`. It does not own the engine: shut that down yourself.
-    `media`: where request media may come from and how large (default: data: URLs, 20 MiB)."""
+    `served_model_name`: the name(s) `model` may say, the first reported (default: the model's).
+    `media`: where request media may come from and how large (default: data: URLs, 20 MiB).
+    `api_key`: every route but /health wants `Authorization: Bearer <api_key>` (auth.py).
+    `metrics_compat`: "vllm" also exports vLLM's metric names (metrics.py)."""
     capabilities = engine.capabilities
-    ctx = ServerContext(engine, ServerMetrics(engine), served_model_name or engine.loaded.name,
-                        media or MediaOptions())
-    app = FastAPI(title="omniwalk", version="0.1.0")
+    names = served_names(served_model_name, engine.loaded.name)
+    metrics = ServerMetrics(engine, names[0], vllm_names=check_metrics_compat(metrics_compat) == "vllm")
+    ctx = ServerContext(engine, metrics, names[0], media or MediaOptions(), model_aliases=names[1:])
+    app = FastAPI(title="omniwalk", version=package_version())
     app.state.ctx = ctx
     app.include_router(speech_generate_router(ctx) if ctx.produces_speech else native_router(ctx))
     app.include_router(openai_router(ctx))
     speech, transcription = Capability.SPEECH in capabilities, Capability.TRANSCRIPTION in capabilities
     app.include_router(speech_router(ctx) if speech else no_speech_router(ctx))
     app.include_router(transcription_router(ctx) if transcription else no_transcription_router(ctx))
+    app.include_router(tokenization_router(ctx))
+    app.include_router(info_router())
     _add_operations(app, ctx, stall_seconds)
     _add_error_handlers(app, ctx)
+    if api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
     return app
+
+
+def served_names(served_model_name: str | Sequence[str] | None, default: str) -> tuple[str, ...]:
+    """`--served-model-name a b c` -> ("a", "b", "c"); none given: the model's own name."""
+    if isinstance(served_model_name, str):
+        return (served_model_name,)
+    return tuple(dict.fromkeys(served_model_name or ())) or (default,)   # dict: no duplicates, order kept
+
+
+def check_metrics_compat(value: str | None) -> str | None:
+    if value not in (None, *METRICS_COMPAT):
+        raise ValueError(f"metrics_compat must be one of {METRICS_COMPAT} or None, got {value!r}")
+    return value
 
 
 def _add_operations(app: FastAPI, ctx: ServerContext, stall_seconds: float) -> None:
@@ -194,6 +228,9 @@ def serve(args) -> None:
     engine_args = EngineArgs(**{name: getattr(args, name) for name in EngineArgs.__dataclass_fields__
                                 if hasattr(args, name)})
     media = media_options(args)   # bad flags fail before the model loads
+    api_key = getattr(args, "api_key", None)
+    if api_key is not None and not api_key.strip():
+        raise ValueError("--api-key is empty (an empty key would lock nothing)")
     sock = bind_socket(host, port)
     try:
         engine = Engine(engine_args)
@@ -201,17 +238,23 @@ def serve(args) -> None:
         sock.close()
         raise
     loaded = engine.loaded
-    name = getattr(args, "served_model_name", None) or loaded.name
-    logger.info("serving %r as %r on http://%s:%d: %s on %s, context %d tokens, KV cache %d tokens (%d pages of "
-                "%d); engine loop %s", loaded.name, name, host, port, loaded.dtype, loaded.device, loaded.max_model_len,
-                loaded.kv_capacity_tokens, loaded.kv_capacity_tokens // engine_args.page_size, engine_args.page_size,
-                f"in engine process {engine.engine_pid}" if engine.in_engine_process else "on a thread")
+    names = served_names(getattr(args, "served_model_name", None), loaded.name)
+    logger.info("serving %r as %s on http://%s:%d: %s on %s, context %d tokens, KV cache %d tokens (%d pages of "
+                "%d); engine loop %s%s", loaded.name, " / ".join(map(repr, names)), host, port, loaded.dtype,
+                loaded.device, loaded.max_model_len, loaded.kv_capacity_tokens,
+                loaded.kv_capacity_tokens // engine_args.page_size, engine_args.page_size,
+                f"in engine process {engine.engine_pid}" if engine.in_engine_process else "on a thread",
+                "; API key required" if api_key else "")
     if loaded.random_weights:
         logger.warning(random_weights_banner(loaded.name))
-    app = build_app(engine, served_model_name=name, media=media)
-    app.router.lifespan_context = _stops(engine)
+    app = build_app(engine, served_model_name=names, media=media, api_key=api_key,
+                    metrics_compat=getattr(args, "metrics_compat", None))
+    stats_logger = None if getattr(args, "disable_log_stats", False) else StatsLogger(engine, app.state.ctx.metrics)
+    app.router.lifespan_context = _lifespan(engine, stats_logger)
+    # log_config None: uvicorn's loggers propagate to the root logger, so its lines (access
+    # log included) take omniwalk's format (omniwalk/logs.py) instead of uvicorn's own
     config = uvicorn.Config(app, host=host, port=port, log_level=getattr(args, "log_level", "info"),
-                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
+                            log_config=None, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
     try:
         uvicorn.Server(config).run(sockets=[sock])
     finally:
@@ -219,13 +262,19 @@ def serve(args) -> None:
         sock.close()
 
 
-def _stops(engine: Engine):
-    """A lifespan that stops the engine when uvicorn shuts down: after SIGINT/SIGTERM uvicorn
-    re-raises the signal once it is done, so code after `Server.run` never runs."""
+def _lifespan(engine: Engine, stats_logger: StatsLogger | None):
+    """A lifespan that logs the periodic stats line while serving and stops the engine when
+    uvicorn shuts down: after SIGINT/SIGTERM uvicorn re-raises the signal once it is done,
+    so code after `Server.run` never runs."""
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        yield
-        engine.shutdown()   # waits for the engine process (SHUTDOWN_TIMEOUT_S at most)
+        stats_task = asyncio.create_task(stats_logger.run()) if stats_logger is not None else None
+        try:
+            yield
+        finally:
+            if stats_task is not None:
+                stats_task.cancel()
+            engine.shutdown()   # waits for the engine process (SHUTDOWN_TIMEOUT_S at most)
 
     return lifespan
 

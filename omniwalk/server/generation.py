@@ -34,7 +34,7 @@ from omniwalk.engine.causal_lm_executor import TokenLogprobs
 from omniwalk.runtime import QueueFullError
 from omniwalk.server.media import MediaOptions, MediaRef, load_media, name_the_item
 from omniwalk.server.metrics import RequestRecord, ServerMetrics
-from omniwalk.server.protocol import ApiError
+from omniwalk.server.protocol import ApiError, ClientFields
 
 
 @dataclass
@@ -43,9 +43,21 @@ class ServerContext:
 
     engine: Engine
     metrics: ServerMetrics
-    model_name: str                                        # what `model` must say on /v1 routes
+    model_name: str                                        # the first served name: responses to requests
+                                                           # that name no model say it, metrics label it
     media: MediaOptions = field(default_factory=MediaOptions)
     created: int = field(default_factory=lambda: int(time.time()))
+    model_aliases: tuple[str, ...] = ()                    # further names (`--served-model-name a b c`)
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        """Every name `model` may say on the /v1 routes."""
+        return (self.model_name, *self.model_aliases)
+
+    def check_model(self, model: str | None) -> None:
+        """A request may leave `model` out; when given, it must be one of the served names."""
+        if model is not None and model not in self.model_names:
+            raise ApiError(404, f"The model `{model}` does not exist.", "model")
 
     @property
     def produces_speech(self) -> bool:
@@ -66,25 +78,26 @@ class ServerContext:
         return self.engine.frontend(Capability.TEXT).media_markers
 
     def submit(self, requests: list[GenerationRequest], request_id: str,
-               loop: asyncio.AbstractEventLoop | None = None) -> "Generation":
+               loop: asyncio.AbstractEventLoop | None = None, fields: ClientFields | None = None) -> "Generation":
         """Text generations (the completion routes). `loop`: the event loop the chunks go to,
-        when this runs on a worker thread (a request whose frontend decodes media)."""
+        when this runs on a worker thread (a request whose frontend decodes media). `fields`:
+        the route's field names, for the engine's 400s."""
         self.check_generates_text()
-        return Generation(self, requests, request_id, loop=loop)
+        return Generation(self, requests, request_id, loop=loop, fields=fields)
 
     async def submit_with_media(self, requests: list[GenerationRequest], request_id: str,
-                                media: list[MediaRef]) -> "Generation":
+                                media: list[MediaRef], fields: ClientFields | None = None) -> "Generation":
         """Text generations whose prompt has a marker for each of `media`: on a worker thread,
         the media's bytes are read (base64, files) and the frontend decodes them (`Engine.submit`),
         so the event loop keeps serving other requests meanwhile."""
         if not media:
-            return self.submit(requests, request_id)
+            return self.submit(requests, request_id, fields=fields)
         loop = asyncio.get_running_loop()
 
         def load_and_submit() -> Generation:
             inputs = load_media(media, self.media)
             try:
-                return self.submit([replace(r, media=inputs) for r in requests], request_id, loop)
+                return self.submit([replace(r, media=inputs) for r in requests], request_id, loop, fields)
             except ApiError as exc:   # the frontend's error about one item: name it in `param`
                 raise name_the_item(exc, inputs) from None
 
@@ -101,6 +114,7 @@ class Collected:
     finish_reason: str | None = None
     error: str | None = None
     num_prompt_tokens: int = 0
+    stop_reason: str | int | None = None
 
     def add(self, chunk: GenerationChunk) -> None:
         self.token_ids += chunk.token_ids
@@ -109,6 +123,7 @@ class Collected:
         if chunk.finished:
             self.finish_reason = chunk.finish_reason
             self.error = chunk.error
+            self.stop_reason = chunk.stop_reason
 
 
 #: submits one engine request: (request, request id, event loop) -> its stream
@@ -119,7 +134,7 @@ class Generation:
     """The engine requests of one HTTP request (of any capability; `submit` to wrap the engine's)."""
 
     def __init__(self, ctx: ServerContext, requests: list, request_id: str, submit: Submit | None = None,
-                 loop: asyncio.AbstractEventLoop | None = None):
+                 loop: asyncio.AbstractEventLoop | None = None, fields: ClientFields | None = None):
         if not ctx.engine.is_alive:
             raise ApiError(503, f"the engine is not running ({ctx.engine.error})")
         start = time.monotonic()
@@ -135,14 +150,15 @@ class Generation:
             for stream in self.streams:
                 stream.abort()
             if isinstance(exc, ValueError):
-                raise ApiError(400, str(exc)) from None
+                raise (fields.error(exc) if fields is not None else ApiError(400, str(exc))) from None
             if isinstance(exc, QueueFullError):
                 raise ApiError(429, f"the server is full, retry later ({exc})") from None
             if isinstance(exc, RuntimeError) and not ctx.engine.is_alive:
                 raise ApiError(503, str(exc)) from None
             raise
         self.records: list[RequestRecord] = [
-            ctx.metrics.track(len(stream.prompt_token_ids or ()), start) for stream in self.streams
+            ctx.metrics.track(request, len(stream.prompt_token_ids or ()), start)
+            for request, stream in zip(requests, self.streams)
         ]
 
     def prompt_token_ids(self, index: int) -> list[int]:

@@ -37,7 +37,7 @@ from omniwalk.server.generation import (
     until_disconnected,
 )
 from omniwalk.server.media import MediaRef, check_kind, media_prompt
-from omniwalk.server.protocol import ApiError, GenerateRequest, check_stop_token_ids
+from omniwalk.server.protocol import ApiError, ClientFields, GenerateRequest, check_stop_token_ids
 
 
 def native_router(ctx: ServerContext) -> APIRouter:
@@ -47,7 +47,7 @@ def native_router(ctx: ServerContext) -> APIRouter:
     async def generate(body: GenerateRequest, request: Request):
         prompt, media = generate_prompt(body, ctx.media_markers)
         generation = await ctx.submit_with_media([to_generation_request(body, prompt)], f"gen-{uuid.uuid4().hex}",
-                                                 media)
+                                                 media, client_fields(body))
         if body.stream:
             return AbortingStreamingResponse(_ndjson(generation, body.logprobs is not None), generation,
                                              media_type="application/x-ndjson")
@@ -104,7 +104,12 @@ def to_generation_request(body: GenerateRequest, prompt: str | None) -> Generati
             stop_token_ids=check_stop_token_ids(body.stop_token_ids), sampling=sampling,
         )
     except ValueError as exc:
-        raise ApiError(400, str(exc)) from None
+        raise client_fields(body).error(exc) from None
+
+
+def client_fields(body: GenerateRequest) -> ClientFields:
+    """/generate's names: the engine's `max_tokens` is `max_output_tokens` here."""
+    return ClientFields.of(body, max_tokens="max_output_tokens")
 
 
 async def _ndjson(generation: Generation, with_logprobs: bool):

@@ -43,7 +43,7 @@ from omniwalk.server.generation import (
 )
 from omniwalk.server.media import MediaRef, chat_content, check_markers
 from omniwalk.server.protocol import (
-    ApiError, ChatCompletionRequest, CompletionRequest, check_stop_token_ids, error_body,
+    ApiError, ChatCompletionRequest, ClientFields, CompletionRequest, check_stop_token_ids, error_body,
 )
 
 DEFAULT_CHAT_TEMPLATE = (
@@ -60,19 +60,19 @@ def openai_router(ctx: ServerContext) -> APIRouter:
     router = APIRouter(prefix="/v1")
     token_text = _token_text_cache(ctx.engine.tokenizer)
 
-    def model_card() -> dict:
-        return {"id": ctx.model_name, "object": "model", "created": ctx.created, "owned_by": "omniwalk",
+    def model_card(name: str) -> dict:
+        return {"id": name, "object": "model", "created": ctx.created, "owned_by": "omniwalk",
                 "root": ctx.engine.args.model, "parent": None, "max_model_len": ctx.engine.max_model_len}
 
     @router.get("/models")
     async def models():
-        return {"object": "list", "data": [model_card()]}
+        """One card per served name (`--served-model-name a b`), the first name first, as vLLM lists them."""
+        return {"object": "list", "data": [model_card(name) for name in ctx.model_names]}
 
     @router.get("/models/{model:path}")
     async def model(model: str):
-        if model != ctx.model_name:
-            raise ApiError(404, f"The model `{model}` does not exist.", "model")
-        return model_card()
+        ctx.check_model(model)
+        return model_card(model)
 
     @router.post("/completions")
     async def completions(body: CompletionRequest, request: Request):
@@ -80,9 +80,10 @@ def openai_router(ctx: ServerContext) -> APIRouter:
         _check_completion(body)
         prompts = _completion_prompts(body.prompt)
         _check_n(ctx, body.n * len(prompts))
-        base = _base_request(body, body.max_tokens, body.logprobs)
+        fields = ClientFields.of(body)
+        base = _base_request(body, body.max_tokens, body.logprobs, fields)
         requests = [_choice_request(base, prompt, body.seed, i) for prompt in prompts for i in range(body.n)]
-        generation = ctx.submit(requests, f"cmpl-{uuid.uuid4().hex}")
+        generation = ctx.submit(requests, f"cmpl-{uuid.uuid4().hex}", fields=fields)
         return await _respond(request, _CompletionView(ctx, body, generation, token_text))
 
     @router.post("/chat/completions")
@@ -92,11 +93,15 @@ def openai_router(ctx: ServerContext) -> APIRouter:
         _check_n(ctx, body.n)
         ctx.check_generates_text()
         prompt, media = chat_prompt(ctx.engine.tokenizer, body, ctx.media_markers)
-        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        # OpenAI's current name wins over the old one, as in vLLM; errors name the one sent
+        if body.max_completion_tokens is not None:
+            max_tokens, fields = body.max_completion_tokens, ClientFields.of(body, max_tokens="max_completion_tokens")
+        else:
+            max_tokens, fields = body.max_tokens, ClientFields.of(body)
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
-        base = _base_request(body, max_tokens, logprobs)
+        base = _base_request(body, max_tokens, logprobs, fields)
         requests = [_choice_request(base, prompt, body.seed, i) for i in range(body.n)]
-        generation = await ctx.submit_with_media(requests, f"chatcmpl-{uuid.uuid4().hex}", media)
+        generation = await ctx.submit_with_media(requests, f"chatcmpl-{uuid.uuid4().hex}", media, fields)
         return await _respond(request, _ChatView(ctx, body, generation, token_text))
 
     return router
@@ -118,8 +123,7 @@ async def _respond(request: Request, view: "_View"):
 
 
 def _check_common(ctx: ServerContext, body) -> None:
-    if body.model is not None and body.model != ctx.model_name:
-        raise ApiError(404, f"The model `{body.model}` does not exist.", "model")
+    ctx.check_model(body.model)
     if body.n < 1:
         raise ApiError(400, f"n must be >= 1, got {body.n}", "n")
     if body.logit_bias:
@@ -178,7 +182,7 @@ def _completion_prompts(prompt) -> list[str | list[int]]:
     return list(prompt)
 
 
-def _base_request(body, max_tokens: int | None, logprobs: int | None) -> GenerationRequest:
+def _base_request(body, max_tokens: int | None, logprobs: int | None, fields: ClientFields) -> GenerationRequest:
     """The engine request every choice starts from (prompt and seed filled in per choice)."""
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     try:
@@ -195,7 +199,7 @@ def _base_request(body, max_tokens: int | None, logprobs: int | None) -> Generat
             stop=stop, stop_token_ids=check_stop_token_ids(body.stop_token_ids), sampling=sampling,
         )
     except ValueError as exc:
-        raise ApiError(400, str(exc)) from None
+        raise fields.error(exc) from None
 
 
 def _choice_request(base: GenerationRequest, prompt: str | list[int], seed: int | None, i: int):
@@ -211,7 +215,7 @@ def _default(value, default):
 
 def render_chat(tokenizer, body: ChatCompletionRequest) -> list[int]:
     """Text-only messages -> prompt ids through the chat template (which brings its own special tokens)."""
-    return tokenizer.encode(_template_text(tokenizer, body, [m.text() for m in body.messages]),
+    return tokenizer.encode(chat_template_text(tokenizer, body, [m.text() for m in body.messages]),
                             add_special_tokens=False)
 
 
@@ -226,7 +230,7 @@ def chat_prompt(tokenizer, body: ChatCompletionRequest,
         text, refs = chat_content(message.content, f"messages[{index}].content", markers)
         contents.append(text)
         media += refs
-    text = _template_text(tokenizer, body, contents)
+    text = chat_template_text(tokenizer, body, contents)
     if markers:   # the template may not add markers of its own either
         check_markers(text, markers, [ref.kind for ref in media], "messages")
     if not media:
@@ -243,8 +247,10 @@ def _without_template_bos(tokenizer, text: str) -> str:
     return text
 
 
-def _template_text(tokenizer, body: ChatCompletionRequest, contents: list[str]) -> str:
-    """The messages (their content as `contents`) rendered by the chat template."""
+def chat_template_text(tokenizer, body, contents: list[str]) -> str:
+    """The messages (their content as `contents`) rendered by the chat template. `body`: a
+    ChatCompletionRequest, or any body with its `messages`, `add_generation_prompt`,
+    `continue_final_message` and `chat_template_kwargs` (/tokenize's)."""
     messages = []
     for message, content in zip(body.messages, contents):
         entry = {"role": message.role, "content": content}
@@ -317,7 +323,7 @@ class _View:
 
     def _envelope(self, object_name: str, choices: list[dict]) -> dict:
         return {"id": self.generation.request_id, "object": object_name, "created": self.created,
-                "model": self.ctx.model_name, "choices": choices}
+                "model": self.body.model or self.ctx.model_name, "choices": choices}
 
     def response(self, results: list[Collected]) -> dict:
         failed = [r for r in results if r.finish_reason not in _OUTPUT_REASONS]
@@ -342,6 +348,8 @@ class _View:
                     failed = True
                     break   # closing `chunks` aborts the other choices
                 counts[index] += len(chunk.token_ids)
+                if not self.worth_sending(chunk):
+                    continue
                 payload = self._envelope(self.chunk_object_name, [self.delta(index, chunk)])
                 if continuous:
                     payload["usage"] = _usage(len(self.generation.prompt_token_ids(index)), counts[index])
@@ -362,6 +370,10 @@ class _View:
     def opening(self) -> list[dict]:
         return []
 
+    def worth_sending(self, chunk: GenerationChunk) -> bool:
+        """Whether the chunk becomes an event (its ids still count toward usage either way)."""
+        return True
+
     def choice(self, index: int, result: Collected) -> dict:
         raise NotImplementedError
 
@@ -380,7 +392,7 @@ class _CompletionView(_View):
 
     def choice(self, index: int, result: Collected) -> dict:
         choice = {"index": index, "text": "".join(result.text), "logprobs": None,
-                  "finish_reason": result.finish_reason, "stop_reason": None}
+                  "finish_reason": result.finish_reason, "stop_reason": result.stop_reason}
         if self.body.logprobs is not None:
             choice["logprobs"] = self._logprobs(result.token_ids, result.logprobs, 0)
         if self.body.return_token_ids:
@@ -390,7 +402,7 @@ class _CompletionView(_View):
 
     def delta(self, index: int, chunk: GenerationChunk) -> dict:
         choice = {"index": index, "text": chunk.text, "logprobs": None,
-                  "finish_reason": chunk.finish_reason if chunk.finished else None, "stop_reason": None}
+                  "finish_reason": chunk.finish_reason if chunk.finished else None, "stop_reason": chunk.stop_reason}
         if self.body.logprobs is not None:
             choice["logprobs"] = self._logprobs(chunk.token_ids, chunk.logprobs, self.text_offsets[index])
         self.text_offsets[index] += len(chunk.text)
@@ -430,7 +442,7 @@ class _ChatView(_View):
 
     def choice(self, index: int, result: Collected) -> dict:
         choice = {"index": index, "message": {"role": "assistant", "content": "".join(result.text)},
-                  "logprobs": None, "finish_reason": result.finish_reason, "stop_reason": None}
+                  "logprobs": None, "finish_reason": result.finish_reason, "stop_reason": result.stop_reason}
         if self.body.logprobs:
             choice["logprobs"] = {"content": self._logprobs(result.token_ids, result.logprobs)}
         if self.body.return_token_ids:
@@ -446,9 +458,17 @@ class _ChatView(_View):
             payload["prompt_token_ids"] = self.generation.prompt_token_ids(0)
         return [payload]
 
+    def worth_sending(self, chunk: GenerationChunk) -> bool:
+        """No event for a chunk with nothing in it for the client: ids that made no text yet (a
+        character split across tokens, text held back as the start of a stop string, an EOS),
+        unless the client asked for ids or logprobs. The last chunk always goes (finish_reason)."""
+        return bool(chunk.text or chunk.finished or (chunk.token_ids and (self.body.return_token_ids
+                                                                          or self.body.logprobs)))
+
     def delta(self, index: int, chunk: GenerationChunk) -> dict:
-        choice = {"index": index, "delta": {"content": chunk.text} if chunk.text else {}, "logprobs": None,
-                  "finish_reason": chunk.finish_reason if chunk.finished else None}
+        # the delta always has content ("" at the end, as vLLM sends it): never an empty `delta: {}`
+        choice = {"index": index, "delta": {"content": chunk.text}, "logprobs": None,
+                  "finish_reason": chunk.finish_reason if chunk.finished else None, "stop_reason": chunk.stop_reason}
         if self.body.logprobs:
             choice["logprobs"] = {"content": self._logprobs(chunk.token_ids, chunk.logprobs)}
         if self.body.return_token_ids:

@@ -3,17 +3,24 @@
 Types are strict (a string is not an int, 1.0 is not an int, 1 is not a bool): a wrong type
 is a validation error, never a silent coercion. Values (max_tokens <= 0, a temperature
 below zero, a prompt longer than the context) are checked by the engine itself, whose
-ValueError becomes a 400 with its message.
+ValueError becomes a 400 with its message in the route's field names (`ClientFields`:
+`max_output_tokens` on /generate) and the field it names as `param`.
 
 The native /generate body forbids unknown fields (422). The OpenAI bodies also reject
 unknown fields, as the OpenAI API does ("Unrecognized request argument supplied"), but
-declare the OpenAI and vLLM fields clients commonly send; fields that would change the
-output and that omniwalk does not implement (tools, response_format, logit_bias, echo,
-suffix, best_of > n, ...) are a 400 when set, never silently ignored.
+declare the OpenAI and vLLM fields clients commonly send; OpenAI fields that would change
+the output and that omniwalk does not implement (tools, response_format, logit_bias, echo,
+suffix, best_of > n, ...) are a 400 when set. The vLLM-only fields omniwalk does not use
+(VLLM_IGNORED_FIELDS: priority, prompt_logprobs, truncate_prompt_tokens, use_beam_search,
+guided_json, ...) are dropped with a warning in the log instead, so a client written for
+vLLM runs unchanged (a guided_* request's output is then unconstrained: the log says so).
 """
 
 from __future__ import annotations
 
+import logging
+import re
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -22,8 +29,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 class ApiError(Exception):
     """An error answered in the OpenAI envelope: {"error": {"message", "type", "param", "code"}}."""
 
-    TYPES = {400: "BadRequestError", 404: "NotFoundError", 413: "RequestTooLargeError", 422: "UnprocessableEntityError",
-             429: "RateLimitError", 500: "InternalServerError", 503: "ServiceUnavailableError"}
+    TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 413: "RequestTooLargeError",
+             422: "UnprocessableEntityError", 429: "RateLimitError", 500: "InternalServerError",
+             503: "ServiceUnavailableError"}
 
     def __init__(self, status: int, message: str, param: str | None = None):
         super().__init__(message)
@@ -33,6 +41,34 @@ class ApiError(Exception):
 
     def body(self) -> dict:
         return error_body(self.status, self.message, self.param)
+
+
+@dataclass(frozen=True)
+class ClientFields:
+    """How one route's client names what the engine checks, so an engine error reads in the
+    client's words: the engine says `max_tokens`, a /generate client sent `max_output_tokens`.
+
+    `names`: the fields of the route's body; `renames`: engine name -> the field the client sent."""
+
+    names: frozenset[str]
+    renames: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def of(cls, body: BaseModel, **renames: str) -> "ClientFields":
+        return cls(frozenset(type(body).model_fields), tuple(renames.items()))
+
+    def error(self, exc: ValueError) -> ApiError:
+        """A 400 with the engine's message in the client's names; `param`: the first body field
+        it names (a field followed by `[` or `.` is a path into it, e.g. a media item's name:
+        left for the caller to name)."""
+        message = str(exc)
+        for engine_name, client_name in self.renames:
+            message = re.sub(rf"\b{engine_name}\b", client_name, message)
+        named = [(m.start(), m.group(1)) for m in _WORD.finditer(message) if m.group(1) in self.names]
+        return ApiError(400, message, min(named)[1] if named else None)
+
+
+_WORD = re.compile(r"\b([a-z_]+)\b(?![\[.\w])")
 
 
 def check_stop_token_ids(ids: list[int] | None) -> list[int]:
@@ -115,8 +151,38 @@ class StreamOptions(_Strict):
     continuous_usage_stats: bool | None = None   # vLLM: usage on every chunk
 
 
+#: fields `vllm serve` accepts that omniwalk does not use. A request carrying one is served
+#: without it and the log says so (a warning naming the fields, per request, as vLLM logs
+#: the fields it ignores), so a client written for vLLM runs unchanged; a value that asks
+#: for nothing (null, false, 0, "", [], {}) is dropped silently. Any other unknown field is
+#: still a 400 (a typo such as `max_token` must not pass unnoticed).
+VLLM_IGNORED_FIELDS = frozenset({
+    "priority", "request_id", "cache_salt", "kv_transfer_params", "vllm_xargs",               # scheduling, routing
+    "prompt_logprobs", "return_tokens_as_token_ids", "truncate_prompt_tokens",               # prompt handling
+    "add_special_tokens", "documents", "mm_processor_kwargs", "include_reasoning",
+    "use_beam_search", "length_penalty", "allowed_token_ids", "bad_words",                   # decoding
+    "guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend",
+    "guided_whitespace_pattern", "structural_tag", "structured_outputs",                     # constrained output
+})
+
+logger = logging.getLogger(__name__)
+
+
 class _OpenAISampling(_Strict):
     """Fields shared by /v1/completions and /v1/chat/completions."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_vllm_only_fields(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        ignored = sorted(name for name in VLLM_IGNORED_FIELDS & data.keys() if name not in cls.model_fields)
+        if not ignored:
+            return data
+        asked = [name for name in ignored if data[name] not in (None, False, 0, "", [], {})]
+        if asked:
+            logger.warning("ignoring request field(s) vLLM accepts and omniwalk does not use: %s", ", ".join(asked))
+        return {name: value for name, value in data.items() if name not in ignored}
 
     model: str | None = None                 # must name the served model when given
     max_tokens: int | None = None
@@ -279,3 +345,34 @@ class GenerateSpeechRequest(_SpeechSampling):
 
     prompt: str
     stream: bool = False
+
+
+# ----------------------------------------------------------------------------- tokenization
+
+
+class TokenizeCompletionRequest(_Strict):
+    """POST /tokenize with a text prompt (vLLM's body)."""
+
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool = True          # the tokenizer's BOS etc., as a completion's prompt gets
+    return_token_strs: bool = False
+
+
+class TokenizeChatRequest(_Strict):
+    """POST /tokenize with chat messages (vLLM's body): the prompt a chat completion would get."""
+
+    model: str | None = None
+    messages: list[ChatMessage]
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False         # the chat template brings its own
+    chat_template_kwargs: dict[str, Any] | None = None
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(_Strict):
+    """POST /detokenize (vLLM's body)."""
+
+    model: str | None = None
+    tokens: list[int]

@@ -143,8 +143,7 @@ def speech_generate_router(ctx: ServerContext) -> APIRouter:
 
 
 def _check_speech_body(ctx: ServerContext, body: SpeechBody) -> None:
-    if body.model is not None and body.model != ctx.model_name:
-        raise ApiError(404, f"The model `{body.model}` does not exist.", "model")
+    ctx.check_model(body.model)
     if body.response_format not in FORMATS:
         raise ApiError(400, f"response_format {body.response_format!r} is not supported; supported: "
                             f"{', '.join(FORMATS)}", "response_format")

@@ -250,8 +250,7 @@ _PARSERS = {"model": _as_str, "language": _as_str, "prompt": _as_str, "response_
 
 
 def _check_form(ctx: ServerContext, form: TranscriptionForm) -> None:
-    if form.model is not None and form.model != ctx.model_name:
-        raise ApiError(404, f"The model `{form.model}` does not exist.", "model")
+    ctx.check_model(form.model)
     if form.response_format not in FORMATS:
         raise ApiError(400, f"response_format {form.response_format!r} is not supported; supported: "
                             f"{', '.join(FORMATS)}", "response_format")

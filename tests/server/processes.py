@@ -20,10 +20,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_serve(*serve_args: str, port: int | None = None) -> tuple[subprocess.Popen, str]:
+def start_serve(*serve_args: str, port: int | None = None,
+                log_level: str = "warning") -> tuple[subprocess.Popen, str]:
     """`python -m omniwalk.cli serve <serve_args>` (output to a pipe), and its base URL."""
     port = port or free_port()
-    command = [sys.executable, "-m", "omniwalk.cli", "serve", *serve_args, "--port", str(port), "--log-level", "warning"]
+    command = [sys.executable, "-m", "omniwalk.cli", "serve", *serve_args, "--port", str(port), "--log-level", log_level]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
     return process, f"http://127.0.0.1:{port}"

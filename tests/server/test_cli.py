@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 
 import httpx
+import numpy as np
 import pytest
+import soundfile
 
 from omniwalk.cli import _engine_args, build_parser, main
+from omniwalk.version import package_version
 from processes import serve_process
 
 
@@ -60,3 +64,62 @@ def test_serve_runs_an_engine_process_unless_told_not_to():
     assert not _engine_args(build_parser().parse_args(["serve", "--no-engine-process"])).engine_process
     assert not _engine_args(build_parser().parse_args(["generate", "tiny-qwen3", "Hi"])).engine_process
     assert _engine_args(build_parser().parse_args(["bench", "--engine-process"])).engine_process
+
+
+# ----------------------------------------------------------------------------- issue 26: vLLM's habits
+
+
+def test_version_flag(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"omniwalk {package_version()}"
+
+
+def test_help_shows_every_flags_default():
+    [commands] = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    for name, command in commands.choices.items():
+        formatter = command._get_formatter()
+        for action in command._actions:
+            if action.option_strings and action.default is not argparse.SUPPRESS:
+                assert "default" in formatter._get_help_string(action), (name, action.option_strings)
+    assert "the port to listen on (default: 8000)" in " ".join(commands.choices["serve"].format_help().split())
+
+
+@pytest.mark.parametrize("spelling, dtype", [("half", "float16"), ("float16", "float16"), ("bfloat16", "bfloat16"),
+                                             ("float", "float32"), ("float32", "float32"), ("auto", "auto")])
+def test_dtype_as_vllm_spells_it(spelling, dtype):
+    assert _engine_args(build_parser().parse_args(["serve", "--dtype", spelling])).dtype == dtype
+
+
+def test_vllm_serve_flags(monkeypatch):
+    def parse(*argv):
+        return build_parser().parse_args(["serve", *argv])
+
+    assert parse("--served-model-name", "a", "b").served_model_name == ["a", "b"]
+    assert _engine_args(parse()).enable_prefix_caching
+    for flag in ("--no-enable-prefix-caching", "--no-prefix-caching"):
+        assert not _engine_args(parse(flag)).enable_prefix_caching
+    assert _engine_args(parse("--enable-prefix-caching")).enable_prefix_caching
+    assert parse().api_key is None and parse("--api-key", "k").api_key == "k"
+    monkeypatch.setenv("OMNIWALK_API_KEY", "from-env")
+    assert parse().api_key == "from-env" and parse("--api-key", "k").api_key == "k"
+    assert parse("--metrics-compat", "vllm", "--disable-log-stats").metrics_compat == "vllm"
+
+
+def test_generate_speaks_into_a_file(tmp_path, capsys):
+    path = tmp_path / "hello.wav"
+    assert main(["generate", "tiny-orpheus", "Hello", "-o", str(path), "--max-tokens", "70", "--ignore-eos",
+                 "--seed", "1"]) == 0
+    samples, rate = soundfile.read(path, dtype="int16")
+    out = capsys.readouterr().out.splitlines()
+    assert rate == 24000 and out[-1].endswith(f"codes=70 frames=10 samples={len(samples)}]") and len(samples) > 0
+
+
+def test_generate_transcribes_a_file(tmp_path, capsys):
+    path = tmp_path / "talk.wav"
+    soundfile.write(path, np.sin(np.arange(16000) / 10).astype(np.float32) * 0.3, 16000)
+    assert main(["generate", "tiny-whisper", "--audio", str(path), "--max-tokens", "4"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "[finish_reason=length audio_seconds=1.00 output_tokens=4]"
+    assert main(["generate", "tiny-whisper", "Hello"]) == 2   # a transcription model wants --audio
+    assert "--audio" in capsys.readouterr().err

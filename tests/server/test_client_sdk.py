@@ -28,7 +28,7 @@ def test_sync_client_errors(server):
     with Client(server.url) as client:
         with pytest.raises(ServerError) as info:
             client.generate("Hello", max_output_tokens=0)
-        assert info.value.status == 400 and "max_tokens" in info.value.message
+        assert info.value.status == 400 and "max_output_tokens" in info.value.message
         with pytest.raises(ServerError) as info:
             client.generate("Hello", bogus=1)
         assert info.value.status == 422 and "bogus" in info.value.message

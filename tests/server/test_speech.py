@@ -344,3 +344,16 @@ def test_speech_after_shutdown_is_refused():
     engine.shutdown()
     with pytest.raises(RuntimeError, match="shut down"):
         engine.submit(SpeechRequest(TEXT, max_output_tokens=7))
+
+
+def test_audio_slo_metrics(tts, http):
+    """Time to first audio, seconds of audio out and the real-time factor, per request (issue 26)."""
+    names = ("omniwalk_time_to_first_audio_seconds_count", "omniwalk_audio_real_time_factor_count",
+             "omniwalk_audio_output_seconds_total")
+    before = {name: tts.metric(name, {"model_name": "tiny-orpheus"}) for name in names}
+    n = 70
+    assert http.post(SPEECH, json=body(n, response_format="pcm")).status_code == 200
+    after = {name: tts.metric(name, {"model_name": "tiny-orpheus"}) for name in names}
+    rate = tts.engine.frontend(Capability.SPEECH).sampling_rate
+    assert after[names[0]] == before[names[0]] + 1 and after[names[1]] == before[names[1]] + 1
+    assert after[names[2]] - before[names[2]] == pytest.approx(expected_samples(tts, n) / rate)

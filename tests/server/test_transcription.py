@@ -270,3 +270,25 @@ def test_an_upload_over_25_mib_is_refused(whisper, http, monkeypatch):
     assert answer.status_code == 413 and answer.json()["error"]["param"] == "file"
     monkeypatch.setattr(transcription, "MAX_FILE_BYTES", len(WAV))
     assert http.post(ROUTE, files={"file": ("clip.wav", WAV)}, data={"model": "tiny-whisper"}).status_code == 200
+
+
+def test_audio_in_metrics(whisper, http):
+    """Seconds of audio transcribed and each request's real-time factor (issue 26)."""
+    labels = {"model_name": "tiny-whisper"}
+    seconds = whisper.metric("omniwalk_audio_input_seconds_total", labels)
+    rtf = whisper.metric("omniwalk_transcription_real_time_factor_count", labels)
+    assert post(http, max_output_tokens=4).status_code == 200
+    assert whisper.metric("omniwalk_audio_input_seconds_total", labels) == pytest.approx(seconds + 5.0)
+    assert whisper.metric("omniwalk_transcription_real_time_factor_count", labels) == rtf + 1
+
+
+def test_asr_bench_over_http(whisper, tmp_path):
+    """`omniwalk bench --asr --url`: clips uploaded to the route, counts from its usage (issue 26)."""
+    from omniwalk.cli import main
+
+    out = tmp_path / "asr.json"
+    assert main(["bench", "--asr", "--url", whisper.url, "--num-prompts", "2", "--max-concurrency", "2",
+                 "--audio-seconds", "2", "--output-len", "4", "--json", str(out)]) == 0
+    summary = json.loads(out.read_text())["runs"][0]["summary"]
+    assert (summary["num_completed"], summary["output_tokens"]) == (2, 8)
+    assert summary["audio_seconds"] == pytest.approx(4.0) and summary["ttft_ms"]

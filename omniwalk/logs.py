@@ -1,0 +1,19 @@
+"""One log format for every line `omniwalk` prints: its own, uvicorn's (served with
+`log_config=None`, so its loggers propagate here) and the engine process's."""
+
+from __future__ import annotations
+
+import logging
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+ENGINE_LOG_FORMAT = "%(asctime)s %(levelname)s engine %(name)s: %(message)s"   # the engine process's lines
+
+#: libraries that log every HTTP request at INFO (httpx: "HTTP Request: POST ... 200 OK"): a
+#: bench sending thousands of requests would bury its progress line under them
+_CHATTY_LOGGERS = ("httpx", "httpcore")
+
+
+def configure_logging(level: int | str = logging.INFO, fmt: str = LOG_FORMAT) -> None:
+    logging.basicConfig(level=level, format=fmt)
+    for name in _CHATTY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
