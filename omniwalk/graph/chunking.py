@@ -6,6 +6,7 @@ that chunk carries no new items, so a consumer always learns that its input ende
     FixedChunks(3):          items 0..7 -> [0 1 2] [3 4 5] final [6 7]
     SlidingWindow(4, 1):     items 0..5 -> [0 1 2 3] [1 2 3 4] [2 3 4 5] final [] (nothing new)
     LeftContext(2, ctx=1):   items 0..4 -> [0 1] [1 | 2 3] final [3 | 4]
+    LeftContext(3, ctx=1, first_size=1):  items 0..5 -> [0] [0 | 1 2 3] final [3 | 4 5]
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ class StreamBuffer:
             if count >= policy.window and (count - policy.window) % policy.stride == 0:
                 self._emit(count - policy.window, count, new)
         elif isinstance(policy, LeftContext):
-            if new == policy.size:
+            if new == policy.next_size(self.released):
                 self._emit(max(0, self.released - policy.context), count, new)
 
     def _emit(self, start: int, end: int, new: int) -> None:

@@ -147,14 +147,21 @@ class SlidingWindow:
 
 @dataclass(frozen=True)
 class LeftContext:
-    """Release `size` new items prefixed by up to `context` items already released."""
+    """Release `size` new items prefixed by up to `context` items already released; the
+    first chunk may be smaller (`first_size`: a codec's first audio out sooner)."""
 
     size: int
     context: int
+    first_size: int | None = None
 
     def __post_init__(self):
-        if self.size < 1 or self.context < 0:
-            raise ValueError(f"need size >= 1 and context >= 0, got size={self.size} context={self.context}")
+        if self.size < 1 or self.context < 0 or (self.first_size is not None and self.first_size < 1):
+            raise ValueError(f"need size >= 1, first_size >= 1 and context >= 0, got size={self.size} "
+                             f"first_size={self.first_size} context={self.context}")
+
+    def next_size(self, released: int) -> int:
+        """New items the next chunk holds, once `released` items were released before it."""
+        return self.first_size if released == 0 and self.first_size is not None else self.size
 
 
 ChunkPolicy = Union[FixedChunks, SlidingWindow, LeftContext]
