@@ -1,0 +1,72 @@
+"""Qwen3-Omni's speech out against transformers (`Qwen3OmniMoeForConditionalGeneration.generate`
+with `return_audio=True`) on a tiny random full checkpoint."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+from transformers import Qwen3OmniMoeForConditionalGeneration  # noqa: E402
+
+from omniwalk.models.qwen3_omni.talker_prompt import NO_CODEC, SpeechTokens, talker_prompt, trailing_id  # noqa: E402
+from tests.models.qwen3_omni_speech_config import SPEAKERS, full_hf_config  # noqa: E402
+
+# system turn, user turn, assistant turn opened: the Talker reads the user turn only
+PROMPT = [280, 284, 10, 11, 281, 12, 280, 282, 13, 14, 15, 281, 12, 280, 283, 12]
+
+
+@pytest.fixture(scope="module")
+def hf_model():
+    torch.manual_seed(0)
+    return Qwen3OmniMoeForConditionalGeneration(full_hf_config()).eval()
+
+
+def speech_tokens(model) -> SpeechTokens:
+    config = model.config.to_dict()
+    thinker = model.config.thinker_config
+    return SpeechTokens.from_hf(config, frozenset({thinker.audio_token_id, thinker.image_token_id,
+                                                   thinker.video_token_id}))
+
+
+def hf_speak(model, prompt, eos: int, max_new_tokens: int = 8):
+    """transformers' generate, with what it hands its Talker captured."""
+    captured = {}
+    talker_generate = model.talker.generate
+
+    def spy(**kwargs):
+        captured.update(kwargs)
+        return talker_generate(**kwargs)
+
+    model.talker.generate = spy
+    try:
+        sequences, wav = model.generate(input_ids=torch.tensor([prompt]), thinker_max_new_tokens=max_new_tokens,
+                                        thinker_eos_token_id=eos, talker_max_new_tokens=12, talker_do_sample=False,
+                                        talker_repetition_penalty=1.0, speaker="Ethan")
+    finally:
+        model.talker.generate = talker_generate
+    return sequences[0, len(prompt):].tolist(), captured
+
+
+def text_part(model, ids):
+    return model.talker.text_projection(model.thinker.get_input_embeddings()(torch.tensor(ids)))
+
+
+def test_talker_prompt_is_what_transformers_feeds_its_talker(hf_model):
+    # the answer ends on an "EOS" it produces: pick its 4th token as the EOS of a second run
+    answer, _ = hf_speak(hf_model, PROMPT, eos=281)
+    eos = answer[3]
+    answer, captured = hf_speak(hf_model, PROMPT, eos=eos)
+    assert answer[-1] == eos and eos not in answer[:-1]
+    tokens = speech_tokens(hf_model)
+    prompt = talker_prompt(PROMPT, answer[:-1], SPEAKERS["ethan"], tokens)   # the client's answer: no EOS
+    with torch.no_grad():
+        rows = text_part(hf_model, list(prompt.text_ids))
+        codec = torch.tensor([max(c, 0) for c in prompt.codec_ids])
+        has_codec = torch.tensor([c != NO_CODEC for c in prompt.codec_ids])[:, None]
+        rows = rows + hf_model.talker.get_input_embeddings()(codec) * has_codec
+        torch.testing.assert_close(rows, captured["inputs_embeds"][0])
+        trailing = text_part(hf_model, [trailing_id(prompt, j, tokens) for j in range(len(prompt.trailing_ids))])
+        torch.testing.assert_close(trailing, captured["trailing_text_hidden"][0])
+        torch.testing.assert_close(text_part(hf_model, [trailing_id(prompt, 99, tokens)]), captured["tts_pad_embed"][0])
+    assert prompt.media_rows == ()
