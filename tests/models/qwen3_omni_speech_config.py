@@ -3,7 +3,7 @@ speech tests: transformers builds the reference from it, omniwalk loads its chec
 
 from transformers import Qwen3OmniMoeConfig
 
-from tests.models.test_qwen3_omni import hf_config as thinker_hf_config
+from test_qwen3_omni import hf_config as thinker_hf_config
 
 CODEBOOK = 32                     # codes per codebook; the Talker's vocabulary adds 1024 specials above
 SPECIAL = dict(im_start_token_id=280, im_end_token_id=281, user_token_id=282, assistant_token_id=283,

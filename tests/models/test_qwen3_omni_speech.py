@@ -10,7 +10,7 @@ transformers = pytest.importorskip("transformers")
 from transformers import Qwen3OmniMoeForConditionalGeneration  # noqa: E402
 
 from omniwalk.models.qwen3_omni.talker_prompt import NO_CODEC, SpeechTokens, talker_prompt, trailing_id  # noqa: E402
-from tests.models.qwen3_omni_speech_config import SPEAKERS, full_hf_config  # noqa: E402
+from qwen3_omni_speech_config import SPEAKERS, full_hf_config  # noqa: E402
 
 # system turn, user turn, assistant turn opened: the Talker reads the user turn only
 PROMPT = [280, 284, 10, 11, 281, 12, 280, 282, 13, 14, 15, 281, 12, 280, 283, 12]
