@@ -10,6 +10,27 @@ The plan: the encoders a request needs (audio, then images), then prefill from t
 embeddings placed into the prompt, then decode, then done. With N = 1 the stream ends at
 its prefill. A text-only request goes straight to prefill. Each encoder batches the items
 of every request that reaches it in a step.
+
+A checkpoint with a Talker speaks (`thinker_graph(speaks=True)`): the text stream also
+pushes its tokens to the talker stream, and two more streams follow it:
+
+    text stream      ... as above, each token also ToStream("talker")
+                      |
+                      |  StreamEdge(text -> talker, the whole answer at its close)
+                      v
+    talker stream (budgeted: the frame budget counts frames; stop: codec EOS)
+      talker_prefill: talker(TalkerPrompt) -> frame   ToClient (deferred), ToStream("audio"), Keep
+      talker_decode:  Loop "talker_decode" [ talker(frame) -> frame  ToClient, ToStream ]  (cap T - 1)
+                      |
+                      |  StreamEdge(talker -> audio, LeftContext: a small first chunk, then larger)
+                      v
+    audio stream
+      code2wav:       code2wav(frames) -> pcm   ToClient("audio")
+
+A frame is one code per codebook (the Talker's first, the code predictor's residuals, in
+one Talker step). The Talker speaks once the answer is complete, as transformers' generate
+does (audio while the Thinker still writes is the next step). A request that asks for no
+audio ends its talker stream when the text ends, and its audio stream with it.
 """
 
 from __future__ import annotations
@@ -22,36 +43,65 @@ from omniwalk.engine.cuda_graphs import DecodeGraphs
 from omniwalk.engine.kv_cache import PagedKVCache
 from omniwalk.engine.prefill_graphs import PrefillGraphs
 from omniwalk.graph import (
-    BudgetSpec, Keep, Loop, ModelGraph, Node, Sequential, StreamSpec, StreamView, ToClient, Walk, WalkCall,
+    BudgetSpec, FixedChunks, Keep, LeftContext, Loop, ModelGraph, Node, Sequential, StreamEdge, StreamSpec,
+    StreamView, ToClient, ToStream, Walk, WalkCall,
 )
 from omniwalk.models.qwen3_omni.executors import (
     AudioEncoderExecutor, ImagePatches, MediaSpan, ThinkerExecutor, ThinkerPrompt, VisionEncoderExecutor,
 )
 from omniwalk.models.qwen3_omni.positions import PromptPositions
+from omniwalk.models.qwen3_omni.talker_prompt import SpeechTokens, talker_prompt
 from omniwalk.models.qwen3_omni.thinker import Thinker
 
 TEXT_STREAM = "text"
+TALKER_STREAM = "talker"
+AUDIO_STREAM = "audio"
 
 AUDIO_ENCODER = Node("audio_encoder", inputs=("features",), outputs=("audio_embeds",))
 VISION_ENCODER = Node("vision_encoder", inputs=("images",), outputs=("image_embeds",))
 THINKER = Node("thinker", inputs=("tokens",), outputs=("token", "logprobs"), stateful=True)
+TALKER = Node("talker", inputs=("codes",), outputs=("frame",), stateful=True)
+CODE2WAV = Node("code2wav", inputs=("frames",), outputs=("pcm",))
+
+#: the talker stream's chunk policy: the whole answer, released when the text stream closes
+WHOLE_ANSWER = FixedChunks(1 << 62)
 
 
-def thinker_graph() -> ModelGraph:
+def thinker_graph(speaks: bool = False, code2wav_chunks: LeftContext | None = None) -> ModelGraph:
+    """The Thinker's walks; with `speaks`, the Talker's and Code2Wav's too (`code2wav_chunks`:
+    how the audio stream takes frames)."""
     emit = (ToClient("token", "tokens"), ToClient("logprobs", "logprobs"))
+    if speaks:
+        emit += (ToStream("token", TALKER_STREAM),)
     walks = [
         Walk("encode_audio", ("features",), Sequential(AUDIO_ENCODER, Keep("audio_embeds"))),
         Walk("encode_images", ("images",), Sequential(VISION_ENCODER, Keep("image_embeds"))),
         Walk("prefill", ("tokens",), Sequential(THINKER, *emit, Keep("token"))),
         Walk("decode", ("tokens",), Loop("decode", Sequential(THINKER, *emit), carry={"token": "tokens"})),
     ]
-    return ModelGraph(walks, [StreamSpec(TEXT_STREAM, BudgetSpec("token", loop="decode"))])
+    streams = [StreamSpec(TEXT_STREAM, BudgetSpec("token", loop="decode"))]
+    if not speaks:
+        return ModelGraph(walks, streams)
+    if code2wav_chunks is None:
+        raise ValueError("a graph that speaks needs the audio stream's chunk policy")
+    frame_emit = (ToClient("frame", "frames", deferred=True), ToStream("frame", AUDIO_STREAM))
+    walks += [
+        Walk("talker_prefill", ("codes",), Sequential(TALKER, *frame_emit, Keep("frame"))),
+        Walk("talker_decode", ("codes",), Loop("talker_decode", Sequential(TALKER, *frame_emit),
+                                              carry={"frame": "codes"})),
+        Walk("code2wav", ("frames",), Sequential(CODE2WAV, ToClient("pcm", "audio"))),
+    ]
+    streams += [StreamSpec(TALKER_STREAM, BudgetSpec("frame", loop="talker_decode")), StreamSpec(AUDIO_STREAM)]
+    edges = [StreamEdge(TEXT_STREAM, TALKER_STREAM, WHOLE_ANSWER),
+             StreamEdge(TALKER_STREAM, AUDIO_STREAM, code2wav_chunks)]
+    return ModelGraph(walks, streams, edges)
 
 
 @dataclass(frozen=True)
 class ThinkerRequest:
     """The preprocessed request (omniwalk.models.qwen3_omni.frontend): the prompt with each
-    media item's placeholders expanded, and the items ready for their encoders."""
+    media item's placeholders expanded, and the items ready for their encoders. `speaker`:
+    the codec id of the voice to speak the answer in, None for text only."""
 
     token_ids: list[int]
     positions: PromptPositions
@@ -59,6 +109,7 @@ class ThinkerRequest:
     audio_features: tuple[torch.Tensor, ...] = ()    # [mels, frames] float32 per clip, prompt order
     images: tuple[ImagePatches, ...] = ()
     cache_keys: list[int] | None = None
+    speaker: int | None = None
 
 
 def thinker_plan(view: StreamView) -> WalkCall | None:
@@ -75,6 +126,29 @@ def thinker_plan(view: StreamView) -> WalkCall | None:
     if last == "prefill":
         return WalkCall("decode", {"tokens": view.kept["token"]})
     return None
+
+
+def talker_plan(view: StreamView, tokens: SpeechTokens) -> WalkCall | None:
+    """The talker stream: once the answer is complete (its one chunk), the Talker's prefill,
+    then its decode loop, then done. Nothing when the request asks for no audio, or the
+    answer is empty (it was only its stop token)."""
+    request: ThinkerRequest = view.request
+    if view.last_walk is None:
+        answer = view.chunk.items if view.chunk is not None else []
+        if request.speaker is None or not answer:
+            return None
+        return WalkCall("talker_prefill", {"codes": talker_prompt(request.token_ids, answer, request.speaker, tokens)})
+    if view.last_walk == "talker_prefill":
+        return WalkCall("talker_decode", {"codes": view.kept["frame"]})
+    return None
+
+
+def audio_plan(view: StreamView) -> WalkCall | None:
+    """The audio stream: Code2Wav for every chunk with new frames."""
+    chunk = view.chunk
+    if chunk is None or chunk.num_new == 0:   # input closed; a final chunk with nothing new
+        return None
+    return WalkCall("code2wav", {"frames": chunk})
 
 
 class ThinkerModel:
