@@ -1,0 +1,211 @@
+"""The speaking nodes: `talker` (the Talker with its code predictor inside each step) and
+`code2wav` (frames to 24 kHz samples).
+
+The Talker's sequence is a list of input rows (embeddings) over a paged KV cache of its
+own: the prompt's rows (`talker_prompt.py`), then one row per step, made from the frame that
+step produced and the step's text (`trailing_id`). A call computes its stream's next rows
+(prefill chunks, or the one new row) and, at the last one, samples the frame:
+
+    hidden = talker(rows, positions, attention)               [rows, hidden]
+    c0     = sample(codec_head(hidden[last]) without the specials but codec EOS)
+    c0 == codec EOS:  the step's item is the EOS id (counted, stops the stream, never audio)
+    else:             codes c1 .. c(G-1) from the code predictor; the item is the frame;
+                      the next row = the G codes' summed embeddings + the step's text row
+
+The rows stay with the sequence (a preempted stream recomputes its KV from them). The first
+code is sampled by the engine's `Sampler` (penalties over the stream's first codes, seeded
+by (seed, step)); the residual codes too, each group with its own sample index, with the
+code predictor's settings (top-k 50, top-p 0.8 when the Talker samples; greedy when it is
+greedy), so a request's audio depends on its seed alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from omniwalk.engine.attention import PagedAttention, build_metadata
+from omniwalk.engine.kv_cache import PagedKVCache
+from omniwalk.engine.sampler import Sampler, SamplingParams
+from omniwalk.graph import Chunk
+from omniwalk.models.qwen3_omni.code2wav import Code2Wav
+from omniwalk.models.qwen3_omni.talker import Talker
+from omniwalk.models.qwen3_omni.talker_prompt import NO_CODEC, TalkerPrompt, trailing_id
+from omniwalk.runtime.executor import NodeCall, NodeExecutor
+
+#: the code predictor's sampling when the Talker samples (transformers' generate)
+RESIDUAL_TOP_K, RESIDUAL_TOP_P = 50, 0.8
+
+
+@dataclass
+class TalkerSequence:
+    prompt: TalkerPrompt
+    rows: torch.Tensor                   # [num_rows, hidden]: every input row so far
+    num_computed: int = 0                # rows whose keys and values are in the cache
+    first_codes: list[int] = field(default_factory=list)   # one per frame: the penalties' history
+
+    @property
+    def step(self) -> int:
+        """Decode steps taken: frames fed back as rows."""
+        return len(self.rows) - len(self.prompt)
+
+
+class TalkerExecutor(NodeExecutor):
+    """Node `talker`: `inputs=("codes",)` (a TalkerPrompt to prefill, then each frame),
+    `outputs=("frame",)`: a tuple of G codes, or the codec EOS id that ended the stream."""
+
+    chunkable = True
+
+    def __init__(self, talker: Talker, thinker_embeddings: torch.nn.Embedding, cache: PagedKVCache,
+                 max_batch_size: int = 256):
+        self.talker = talker
+        self.thinker_embeddings = thinker_embeddings
+        self.cache = cache
+        self.max_batch_size = max_batch_size
+        self.config = talker.config
+        self.device = next(talker.parameters()).device
+        self.sampler = Sampler()
+        self.sequences: dict[int, TalkerSequence] = {}
+        self.suppressed = torch.tensor(self.config.suppressed_codec_ids, dtype=torch.long, device=self.device)
+
+    # ------------------------------------------------------------ per-stream state
+
+    def begin(self, stream, inputs) -> None:
+        codes = inputs["codes"]
+        if isinstance(codes, TalkerPrompt):
+            self.sequences[stream.handle] = TalkerSequence(codes, self._prompt_rows(codes))
+
+    def pending_work(self, stream) -> int:
+        sequence = self.sequences[stream.handle]
+        return len(sequence.rows) - sequence.num_computed
+
+    def can_reserve(self, stream, num_tokens: int) -> bool:
+        return self.cache.can_reserve(stream.handle, self.sequences[stream.handle].num_computed + num_tokens)
+
+    def reserve(self, stream, num_tokens: int) -> None:
+        self.cache.reserve(stream.handle, self.sequences[stream.handle].num_computed + num_tokens)
+
+    def holds_state(self, stream) -> bool:
+        return bool(self.cache.page_tables.get(stream.handle))
+
+    def preempt(self, stream) -> None:
+        self.cache.free(stream.handle)
+        self.sequences[stream.handle].num_computed = 0   # the rows are kept: recomputed when it runs again
+
+    def release(self, stream) -> None:
+        self.cache.free(stream.handle)
+        self.sequences.pop(stream.handle, None)
+
+    # ------------------------------------------------------------ rows
+
+    @torch.inference_mode()
+    def _prompt_rows(self, prompt: TalkerPrompt) -> torch.Tensor:
+        if prompt.media_rows:
+            raise ValueError("speaking about images or audio in the prompt is not supported yet")
+        rows = self._text_rows(list(prompt.text_ids))
+        codec = [c for c in prompt.codec_ids if c != NO_CODEC]
+        if codec:
+            where = torch.tensor([i for i, c in enumerate(prompt.codec_ids) if c != NO_CODEC], device=self.device)
+            rows = rows.index_add(0, where, self.talker.embed_codes(torch.tensor(codec, device=self.device)))
+        return rows
+
+    def _text_rows(self, ids: list[int]) -> torch.Tensor:
+        embeds = self.thinker_embeddings(torch.tensor(ids, dtype=torch.long, device=self.device))
+        return self.talker.project_text(embeds)
+
+    # ------------------------------------------------------------ the step
+
+    @torch.inference_mode()
+    def run(self, calls: list[NodeCall]) -> list[dict | None]:
+        sequences = [self.sequences[call.stream.handle] for call in calls]
+        handles = [call.stream.handle for call in calls]
+        starts = [s.num_computed for s in sequences]
+        counts = [call.num_tokens for call in calls]
+        rows = torch.cat([s.rows[a : a + n] for s, a, n in zip(sequences, starts, counts)])
+        positions = torch.tensor([p for a, n in zip(starts, counts) for p in range(a, a + n)], device=self.device)
+        metadata = build_metadata(self.cache, handles, starts, counts, self.device)
+        hidden = self.talker(rows.to(self.talker_dtype), positions, PagedAttention(self.cache, metadata))
+        ends = np.cumsum(counts) - 1
+        done = [i for i, (s, a, n) in enumerate(zip(sequences, starts, counts)) if a + n == len(s.rows)]
+        outputs: list[dict | None] = [None] * len(calls)
+        updates = []
+        if done:
+            last = hidden[torch.tensor(ends[done], device=self.device)]
+            frames = self._frames([calls[i] for i in done], [sequences[i] for i in done], last)
+            for i, (item, next_row) in zip(done, frames):
+                outputs[i] = {"frame": item}
+                updates.append((sequences[i], item, next_row))
+        # commit only now: a batch that raised left every sequence as it was
+        for sequence, n in zip(sequences, counts):
+            sequence.num_computed += n
+        for sequence, item, next_row in updates:
+            sequence.first_codes.append(item[0] if isinstance(item, tuple) else item)
+            if next_row is not None:
+                sequence.rows = torch.cat([sequence.rows, next_row[None]])
+        return outputs
+
+    @property
+    def talker_dtype(self) -> torch.dtype:
+        return next(self.talker.parameters()).dtype
+
+    def _frames(self, calls: list[NodeCall], sequences: list[TalkerSequence], last_hidden: torch.Tensor):
+        """(item, next input row or None) of each finished call: its frame, or codec EOS."""
+        params = [call.stream.params for call in calls]
+        logits = self.talker.compute_logits(last_hidden)
+        logits.index_fill_(1, self.suppressed, float("-inf"))
+        first = self.sampler(logits, [p.sampling for p in params], [p.seed for p in params],
+                             [s.step * self.config.num_code_groups for s in sequences],
+                             [[] for _ in sequences], [s.first_codes for s in sequences]).token_ids
+        eos = self.config.codec.eos
+        speaking = [i for i, code in enumerate(first.tolist()) if code != eos]
+        results: list[tuple] = [(eos, None)] * len(calls)
+        if not speaking:
+            return results
+        index = torch.tensor(speaking, device=self.device)
+        picked = [params[i] for i in speaking]
+        frame = self.talker.predict_frame(last_hidden.index_select(0, index), first.index_select(0, index),
+                                          self._residual_picker(picked, [sequences[i] for i in speaking]))
+        text = self._text_rows([trailing_id(sequences[i].prompt, sequences[i].step, self.config.prompt)
+                                for i in speaking])
+        next_rows = frame.summed_embeds.to(text.dtype) + text
+        for k, (i, codes) in enumerate(zip(speaking, frame.codes.tolist())):
+            results[i] = (tuple(codes), next_rows[k])
+        return results
+
+    def _residual_picker(self, params, sequences: list[TalkerSequence]):
+        """Picks code group g of every row with the engine's sampler: the Talker's greedy
+        rows greedy, its sampled ones with top-k 50 / top-p 0.8 at temperature 1."""
+        settings = [SamplingParams(temperature=0.0) if p.sampling.temperature == 0 else
+                    SamplingParams(temperature=1.0, top_k=RESIDUAL_TOP_K, top_p=RESIDUAL_TOP_P) for p in params]
+        seeds = [p.seed for p in params]
+        groups = self.config.num_code_groups
+
+        def pick(logits: torch.Tensor, group: int) -> torch.Tensor:
+            empty = [[] for _ in params]
+            return self.sampler(logits, settings, seeds, [s.step * groups + group for s in sequences], empty,
+                                empty).token_ids
+
+        return pick
+
+
+class Code2WavExecutor(NodeExecutor):
+    """Node `code2wav`: `frames` (a chunk of the talker stream: left-context frames, then new
+    ones) -> `pcm`: the int16 samples those new frames made final (`Code2Wav.decode_chunk`)."""
+
+    def __init__(self, code2wav: Code2Wav, max_batch_size: int = 64):
+        self.code2wav = code2wav
+        self.max_batch_size = max_batch_size
+        self.device = next(code2wav.parameters()).device
+
+    @torch.inference_mode()
+    def run(self, calls: list[NodeCall]) -> list[dict]:
+        outputs = []
+        for call in calls:   # chunks differ in length and context: one decode each
+            chunk: Chunk = call.inputs["frames"]
+            context = len(chunk.items) - chunk.num_new
+            codes = torch.tensor(chunk.items, dtype=torch.long, device=self.device).T[None]   # [1, Q, frames]
+            wav = self.code2wav.decode_chunk(codes, chunk.start + context, context)[0, 0]
+            outputs.append({"pcm": (wav.float() * 32767).round().to(torch.int16).cpu().numpy().tobytes()})
+        return outputs
