@@ -30,7 +30,8 @@ from omniwalk.models.qwen3_omni.talker_prompt import (  # noqa: E402
 
 TOL = 1e-4
 AUDIO, IMAGE, VIDEO, AUDIO_START, AUDIO_END, VISION_START, VISION_END = 290, 291, 292, 293, 295, 294, 296
-IM_START, IM_END, USER, ASSISTANT, SYSTEM, TTS_PAD, TTS_BOS, TTS_EOS, NEWLINE = 280, 281, 282, 283, 284, 285, 286, 287, 10
+IM_START, IM_END, USER, ASSISTANT, SYSTEM, NEWLINE = 280, 281, 282, 283, 284, 10
+TTS_PAD, TTS_BOS, TTS_EOS = 285, 286, 287
 CODEBOOK, GROUPS, HIDDEN = 64, 4, 32
 CODEC = dict(codec_pad_id=CODEBOOK + 100, codec_bos_id=CODEBOOK + 101, codec_eos_token_id=CODEBOOK + 102,
              codec_nothink_id=CODEBOOK + 107, codec_think_bos_id=CODEBOOK + 108, codec_think_eos_id=CODEBOOK + 109)
@@ -45,12 +46,12 @@ def hf_config() -> Qwen3OmniMoeConfig:
         audio_config=dict(num_mel_bins=16, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=32, d_model=16,
                           output_dim=HIDDEN, n_window=50, n_window_infer=200, downsample_hidden_size=8,
                           max_source_positions=100, conv_chunksize=50),
-        vision_config=dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, patch_size=4, spatial_merge_size=2,
-                           temporal_patch_size=2, out_hidden_size=HIDDEN, num_position_embeddings=16,
-                           deepstack_visual_indexes=[0]),
+        vision_config=dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, patch_size=4,
+                           spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=HIDDEN,
+                           num_position_embeddings=16, deepstack_visual_indexes=[0]),
         text_config=dict(vocab_size=300, hidden_size=HIDDEN, intermediate_size=48, num_hidden_layers=3,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, moe_intermediate_size=16, num_experts=4,
-                         num_experts_per_tok=2, max_position_embeddings=512, rope_parameters=rope),
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, moe_intermediate_size=16,
+                         num_experts=4, num_experts_per_tok=2, max_position_embeddings=512, rope_parameters=rope),
         audio_end_token_id=AUDIO_END, vision_end_token_id=VISION_END, **MEDIA)
     talker = dict(
         text_config=dict(vocab_size=CODEBOOK + 1024, hidden_size=HIDDEN, intermediate_size=48, num_hidden_layers=2,
@@ -72,8 +73,18 @@ def hf_config() -> Qwen3OmniMoeConfig:
         system_token_id=SYSTEM, user_token_id=USER, assistant_token_id=ASSISTANT)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tensors of a few dozen rows: OpenMP's thread handoffs cost more than they save, and on a
+    busy machine (a shared CI box) many times more."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
+def checkpoint(tmp_path_factory, one_thread):
     torch.manual_seed(0)
     model = Qwen3OmniMoeForConditionalGeneration(hf_config()).eval()
     # HF's init leaves norms at 1, biases at 0 and logits nearly flat: give every parameter
@@ -92,7 +103,8 @@ def talker(checkpoint) -> Talker:
     folder, _ = checkpoint
     config = TalkerConfig.from_hf(json.loads((folder / "config.json").read_text()))
     talker = Talker(config).eval()
-    load_checkpoint_weights(talker, folder, lambda name: name.removeprefix("talker.") if name.startswith("talker.") else None)
+    # a full checkpoint: the Talker's tensors are `talker.*`, the Thinker's and Code2Wav's are not its
+    load_checkpoint_weights(talker, folder, lambda name: name[len("talker."):] if name.startswith("talker.") else None)
     return talker
 
 
@@ -189,7 +201,8 @@ def test_config_from_a_real_checkpoint_config():
         },
     }
     config = TalkerConfig.from_hf(hf)
-    assert (config.text.num_layers, config.text.hidden_size, config.text.head_dim, config.text.num_kv_heads) == (20, 1024, 128, 2)
+    text = config.text
+    assert (text.num_layers, text.hidden_size, text.head_dim, text.num_kv_heads) == (20, 1024, 128, 2)
     assert (config.num_experts, config.num_experts_per_tok, config.shared_expert_intermediate_size) == (128, 6, 768)
     assert config.mrope_section == (24, 20, 20) and config.text.rope_theta == 1e6
     assert config.code_predictor.decoder.num_layers == 5 and config.code_predictor.decoder.vocab_size == 2048
@@ -247,7 +260,8 @@ def test_talker_logits_with_image_positions_match_transformers(checkpoint, talke
     positions = prompt_positions(rope_ids, IMAGE, [(1, 2, 3)], 13)
     assert np.array_equal(positions.rope, expected_positions[:, 0].long().numpy())
     embeds = random_rows(len(rope_ids), 5)
-    expected = model.talker(inputs_embeds=embeds[None], position_ids=expected_positions.long(), use_cache=False).logits[0]
+    expected = model.talker(inputs_embeds=embeds[None], position_ids=expected_positions.long(),
+                            use_cache=False).logits[0]
     got = talker.compute_logits(TalkerSequence(talker, len(rope_ids)).run(embeds, torch.from_numpy(positions.rope)))
     torch.testing.assert_close(got, expected, atol=TOL, rtol=0)
 
@@ -307,8 +321,10 @@ def test_frames_of_a_batch_equal_each_alone(talker):
 @torch.no_grad()
 def test_sampled_frames_follow_the_generator(talker):
     last_hidden, first_code = random_rows(2, 9), torch.tensor([7, 8])
-    draw = lambda seed: talker.predict_frame(  # noqa: E731
-        last_hidden, first_code, pick=TopKTopPSampler(top_k=5, top_p=0.9, generator=torch.Generator().manual_seed(seed)))
+    def draw(seed: int):
+        sampler = TopKTopPSampler(top_k=5, top_p=0.9, generator=torch.Generator().manual_seed(seed))
+        return talker.predict_frame(last_hidden, first_code, pick=sampler)
+
     assert draw(1).codes.tolist() == draw(1).codes.tolist()
     assert len({tuple(draw(seed).codes.flatten().tolist()) for seed in range(6)}) > 1
     greedy = talker.predict_frame(last_hidden, first_code).codes
@@ -335,6 +351,30 @@ def test_greedy_frames_match_transformers_generate(checkpoint, talker):
     assert frames == hf_frames(result) and len(frames) == 6
 
 
+class Captured(Exception):
+    pass
+
+
+def captured_talker_call(model, input_ids: torch.Tensor, media: dict, thinker_eos: int) -> dict:
+    """The keyword arguments HF's `generate(return_audio=True, talker_do_sample=False)` calls
+    `talker.generate` with (the call is stopped there)."""
+    captured = {}
+
+    def capture(**kwargs):
+        captured.update(kwargs)
+        raise Captured
+
+    model.talker.generate, original = capture, model.talker.generate
+    try:
+        with pytest.raises(Captured):
+            model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), return_audio=True,
+                           speaker="Ethan", thinker_max_new_tokens=8, thinker_eos_token_id=thinker_eos,
+                           talker_do_sample=False, **media)
+    finally:
+        model.talker.generate = original
+    return captured
+
+
 @pytest.fixture(scope="module")
 def hf_talker_inputs(checkpoint):
     """What HF's full `generate(return_audio=True)` hands its Talker for a system + user (text
@@ -348,52 +388,53 @@ def hf_talker_inputs(checkpoint):
            + [AUDIO] * audio_len + [AUDIO_END, 8, 9, IM_END, NEWLINE, IM_START, ASSISTANT, NEWLINE])
     input_ids = torch.tensor([ids])
     media = dict(input_features=features["input_features"], feature_attention_mask=features["attention_mask"])
-    captured = {}
-
-    class Captured(Exception):
-        pass
-
-    def capture(**kwargs):
-        captured.update(kwargs)
-        raise Captured
-
-    model.talker.generate, original = capture, model.talker.generate
-    try:
-        with pytest.raises(Captured):
-            model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), return_audio=True,
-                           speaker="Ethan", thinker_max_new_tokens=8, thinker_eos_token_id=IM_END,
-                           talker_do_sample=False, **media)
-        thinker_output = model.thinker.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
-                                                max_new_tokens=8, eos_token_id=IM_END, do_sample=False, **media)
-        sequence = thinker_output[0].tolist()
+    with torch.no_grad():
+        captured = captured_talker_call(model, input_ids, media, IM_END)
+        sequence = model.thinker.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
+                                          max_new_tokens=8, eos_token_id=IM_END, do_sample=False, **media)[0].tolist()
         # the Thinker's hidden states over its prompt (its prefill), as HF's generate read them
         thinker_pass = model.thinker(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
                                      output_hidden_states=True, **media)
-    finally:
-        model.talker.generate = original
-    return dict(captured=captured, sequence=sequence, prompt_len=len(ids),
+    return dict(captured=captured, sequence=sequence, prompt_len=len(ids), input_ids=input_ids, media=media,
                 accept_hidden=thinker_pass.hidden_states[model.config.talker_config.accept_hidden_layer][0])
 
 
 @torch.no_grad()
 def test_prefill_built_from_the_thinker_matches_transformers(checkpoint, talker, hf_talker_inputs):
     _, model = checkpoint
-    captured, sequence, prompt_len = hf_talker_inputs["captured"], hf_talker_inputs["sequence"], hf_talker_inputs["prompt_len"]
+    captured, sequence = hf_talker_inputs["captured"], hf_talker_inputs["sequence"]
+    prompt_len = hf_talker_inputs["prompt_len"]
     embed_tokens = model.thinker.get_input_embeddings()
     media_rows = [row for row, token in enumerate(sequence[:prompt_len]) if token == AUDIO]
     tts = tts_embeds(talker, embed_tokens)
-    prompt = build_talker_prompt(talker, sequence[: prompt_len + 1], embed_tokens(torch.tensor(sequence[: prompt_len + 1])),
+    prompt = build_talker_prompt(talker, embed_tokens, sequence[:prompt_len], sequence[prompt_len],
                                  hf_talker_inputs["accept_hidden"][media_rows], talker.config.speaker_id("ethan"), tts)
     assert user_rows(sequence[:prompt_len], talker.config.prompt) == list(range(7, prompt_len - 3))
     assert prompt.rope_ids == captured["talker_input_ids"][0].tolist()
     torch.testing.assert_close(prompt.inputs_embeds, captured["inputs_embeds"][0], atol=1e-5, rtol=0)
-    reply = torch.tensor(sequence[prompt_len:])
-    torch.testing.assert_close(trailing_text(talker, embed_tokens(reply), tts), captured["trailing_text_hidden"][0],
-                               atol=1e-5, rtol=0)
+    torch.testing.assert_close(trailing_text(talker, embed_tokens, sequence[prompt_len:], tts),
+                               captured["trailing_text_hidden"][0], atol=1e-5, rtol=0)
     torch.testing.assert_close(tts.pad, captured["tts_pad_embed"][0, 0], atol=1e-5, rtol=0)
     assert talker_positions(talker.config, prompt).rope is None     # no image: row i at position i
 
 
+@torch.no_grad()
+def test_trailing_text_of_a_reply_that_stopped_matches_transformers(checkpoint, talker, hf_talker_inputs):
+    """The Thinker stops at its third reply token: r1 then tts_eos (the stop token itself never
+    reaches the Talker). The fixture's reply (8 tokens, cut by length) drops its last token alike."""
+    _, model = checkpoint
+    sequence, prompt_len = hf_talker_inputs["sequence"], hf_talker_inputs["prompt_len"]
+    reply = sequence[prompt_len:]
+    stop = reply[2]
+    assert stop not in reply[:2], "the random Thinker's reply repeats early: pick another stop token"
+    captured = captured_talker_call(model, hf_talker_inputs["input_ids"], hf_talker_inputs["media"], stop)
+    embed_tokens = model.thinker.get_input_embeddings()
+    expected = trailing_text(talker, embed_tokens, reply[:3], tts_embeds(talker, embed_tokens))
+    assert expected.shape[0] == 2
+    torch.testing.assert_close(expected, captured["trailing_text_hidden"][0], atol=1e-5, rtol=0)
+
+
+@pytest.mark.filterwarnings("ignore:Passing `repetition_penalty` with `inputs_embeds`")   # as HF's own call
 @torch.no_grad()
 def test_greedy_speech_matches_transformers_from_thinker_inputs(checkpoint, talker, hf_talker_inputs):
     """HF's Talker call as `generate(return_audio=True, talker_do_sample=False)` makes it (repetition
@@ -408,4 +449,5 @@ def test_greedy_speech_matches_transformers_from_thinker_inputs(checkpoint, talk
         eos=talker.config.codec.eos, suppress=talker.config.suppressed_codec_ids, repetition_penalty=1.05)
     assert tokens == result.sequences[0].tolist()
     assert frames == hf_frames(result)
+    assert tokens[-1] == talker.config.codec.eos and len(frames) == len(tokens) - 1 >= 3   # a few frames, then EOS
     assert all(code < CODEBOOK for frame in frames for code in frame)

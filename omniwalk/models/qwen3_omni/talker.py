@@ -30,7 +30,9 @@ from omniwalk.layers.linear import Linear
 from omniwalk.layers.moe import SharedExpertMoeBlock
 from omniwalk.layers.norm import RMSNorm
 from omniwalk.models.decoder_lm.modeling import DecoderLayer
-from omniwalk.models.qwen3_omni.code_predictor import CodePicker, CodePredictor, FrameCodes, ResidualKV, pick_greedy, predict_frame
+from omniwalk.models.qwen3_omni.code_predictor import (
+    CodePicker, CodePredictor, FrameCodes, ResidualKV, pick_greedy, predict_frame,
+)
 from omniwalk.models.qwen3_omni.talker_config import TalkerConfig
 from omniwalk.models.qwen3_omni.thinker import MultimodalRotary
 

@@ -79,6 +79,12 @@ class CodePredictorConfig:
         """Tokens of one frame's sequence: the Talker's hidden, then codes 0 .. G-2."""
         return self.num_code_groups
 
+    @staticmethod
+    def from_hf(hf: dict[str, Any], num_code_groups: int = 32) -> "CodePredictorConfig":
+        """From a `code_predictor_config` dict; `num_code_groups`: the Talker's, if the dict lacks it."""
+        decoder, _ = _decoder_from_hf(hf, "code predictor")
+        return CodePredictorConfig(decoder=decoder, num_code_groups=hf.get("num_code_groups", num_code_groups))
+
 
 @dataclass(frozen=True, kw_only=True)
 class TalkerConfig:
@@ -101,7 +107,8 @@ class TalkerConfig:
 
     def __post_init__(self):
         if sum(self.mrope_section) != self.text.rotary_dim // 2:
-            raise ValueError(f"mrope_section {self.mrope_section} must sum to rotary_dim / 2 = {self.text.rotary_dim // 2}")
+            raise ValueError(f"mrope_section {self.mrope_section} must sum to rotary_dim / 2 "
+                             f"= {self.text.rotary_dim // 2}")
         if not 0 < self.num_experts_per_tok <= self.num_experts:
             raise ValueError(f"num_experts_per_tok must be in [1, num_experts], got {self.num_experts_per_tok}")
         if self.code_predictor.num_code_groups != self.num_code_groups:
@@ -159,8 +166,6 @@ def talker_config_from_hf(hf: dict[str, Any]) -> TalkerConfig:
     talker = hf.get("talker_config", hf)
     text_hf = talker["text_config"]
     text, rope = _decoder_from_hf(text_hf, "Talker")
-    predictor_hf = talker["code_predictor_config"]
-    predictor, _ = _decoder_from_hf(predictor_hf, "code predictor")
     num_code_groups = talker.get("num_code_groups", 32)
     prompt_defaults = TalkerPromptTokens()
     return TalkerConfig(
@@ -190,8 +195,7 @@ def talker_config_from_hf(hf: dict[str, Any]) -> TalkerConfig:
             position_id_per_seconds=talker.get("position_id_per_seconds", 25),
             spatial_merge_size=talker.get("spatial_merge_size", 2),
         ),
-        code_predictor=CodePredictorConfig(
-            decoder=predictor, num_code_groups=predictor_hf.get("num_code_groups", num_code_groups)),
+        code_predictor=CodePredictorConfig.from_hf(talker["code_predictor_config"], num_code_groups),
     )
 
 
@@ -206,8 +210,9 @@ def tiny_talker_config(thinker_hidden_size: int = 64, prompt: TalkerPromptTokens
     text = DecoderConfig(
         # as in the real model, the first code's vocabulary is one codebook plus a tail of
         # 1,024 special ids that generation suppresses (codec EOS aside)
-        vocab_size=codebook_size + SUPPRESSED_TAIL, hidden_size=hidden, intermediate_size=48, num_layers=2, num_heads=4, num_kv_heads=2,
-        head_dim=8, rms_norm_eps=1e-6, rope_theta=1_000_000.0, qk_norm=True, max_position_embeddings=4096,
+        vocab_size=codebook_size + SUPPRESSED_TAIL, hidden_size=hidden, intermediate_size=48, num_layers=2,
+        num_heads=4, num_kv_heads=2, head_dim=8, rms_norm_eps=1e-6, rope_theta=1_000_000.0, qk_norm=True,
+        max_position_embeddings=4096,
     )
     predictor = DecoderConfig(
         vocab_size=codebook_size, hidden_size=hidden, intermediate_size=40, num_layers=2, num_heads=4, num_kv_heads=2,

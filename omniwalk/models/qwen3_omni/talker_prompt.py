@@ -45,7 +45,14 @@ embedding of the previous frame's G codes plus the text row T[k]:
 
 So the reply's last token never reaches the Talker: HF's Thinker never ran it, so it has
 no embedding row (`<|im_end|>` after a stop; after a length cut, the last text token).
-A reply of a single token (n = 1) has no r0 row for the prefill: HF fails on it.
+
+Where transformers itself fails, and these functions do what it means:
+- a reply of one token (n = 1): no r0 row in HF's Thinker states for the prefill;
+- a user turn with audio and an image: the Talker's `get_rope_index` reads
+  `config.audio_config`, which the Talker's config lacks (audio rows take plain positions,
+  as the Thinker's);
+- an image outside the user turns: HF still hands the Talker every image's grid, so the grids
+  no longer match the images among its rope ids (pass only the user turns' grids).
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import torch
+from torch import nn
 
 from omniwalk.models.qwen3_omni.positions import PromptPositions, prompt_positions
 from omniwalk.models.qwen3_omni.talker import Talker
@@ -105,51 +113,52 @@ def media_ids(config: TalkerConfig) -> tuple[int, int, int]:
     return config.media.audio, config.media.image, config.media.video
 
 
-def tts_embeds(talker: Talker, thinker_embed_tokens: torch.nn.Embedding) -> TtsEmbeds:
-    """text_projection of the Thinker's embeddings of tts_bos, tts_eos, tts_pad."""
+def tts_embeds(talker: Talker, embed_tokens: nn.Embedding) -> TtsEmbeds:
+    """text_projection of the Thinker's embeddings of tts_bos, tts_eos, tts_pad (once per model)."""
     prompt = talker.config.prompt
-    ids = torch.tensor([prompt.tts_bos, prompt.tts_eos, prompt.tts_pad], device=thinker_embed_tokens.weight.device)
-    bos, eos, pad = talker.project_text(thinker_embed_tokens(ids))
+    ids = torch.tensor([prompt.tts_bos, prompt.tts_eos, prompt.tts_pad], device=embed_tokens.weight.device)
+    bos, eos, pad = talker.project_text(embed_tokens(ids))
     return TtsEmbeds(bos=bos, eos=eos, pad=pad)
 
 
-def build_talker_prompt(talker: Talker, thinker_ids: Sequence[int], thinker_embeds: torch.Tensor,
+def build_talker_prompt(talker: Talker, embed_tokens: nn.Embedding, prompt_ids: Sequence[int], first_reply_id: int,
                         media_hidden: torch.Tensor, speaker_id: int, tts: TtsEmbeds) -> TalkerPrompt:
     """The Talker's prefill for one request.
 
-    thinker_ids: the Thinker's prompt and at least its first reply token (seq[: a + 4]; later
-    rows are not read). thinker_embeds: [len(thinker_ids), Ht], the Thinker's token
-    embeddings of those ids (media rows not read). media_hidden: [m, Ht], the Thinker's hidden
-    state `accept_hidden_layer` at the prompt's m media rows, in order (those outside user
-    turns are not read). speaker_id: `config.speaker_id(voice)`.
+    embed_tokens: the Thinker's token embedding table. prompt_ids: the Thinker's prompt;
+    first_reply_id: r0, its first sampled token. media_hidden: [m, Ht], the Thinker's hidden
+    state `accept_hidden_layer` at the prompt's m media rows (audio, image, video ids), in
+    order; those outside user turns are not read. speaker_id: `config.speaker_id(voice)`.
     """
     config = talker.config
-    start = assistant_start(thinker_ids, config.prompt)
-    if len(thinker_ids) < start + ASSISTANT_PREFIX + 1:
-        raise ValueError("the Talker's prefill needs the Thinker's first reply token")
-    user = user_rows(thinker_ids[:start], config.prompt)
-    user_part = _user_part(talker, thinker_ids, thinker_embeds, media_hidden, user)
-    assistant_part = _assistant_part(talker, thinker_embeds[start : start + ASSISTANT_PREFIX + 1], speaker_id, tts)
-    rope_ids = [thinker_ids[row] for row in user] + [config.prompt.tts_pad] * assistant_part.shape[0]
+    start = assistant_start(prompt_ids, config.prompt)
+    sequence = list(prompt_ids) + [first_reply_id]
+    head = torch.tensor(sequence[start : start + ASSISTANT_PREFIX + 1], device=embed_tokens.weight.device)
+    if head.shape[0] < ASSISTANT_PREFIX + 1:
+        raise ValueError("the assistant turn of the Thinker's prompt is cut short")
+    user = user_rows(prompt_ids, config.prompt)
+    user_part = _user_part(talker, embed_tokens, prompt_ids, media_hidden, user)
+    assistant_part = _assistant_part(talker, embed_tokens(head), speaker_id, tts)
+    rope_ids = [prompt_ids[row] for row in user] + [config.prompt.tts_pad] * assistant_part.shape[0]
     return TalkerPrompt(inputs_embeds=torch.cat((user_part, assistant_part)), rope_ids=rope_ids)
 
 
-def _user_part(talker: Talker, ids: Sequence[int], embeds: torch.Tensor, media_hidden: torch.Tensor,
+def _user_part(talker: Talker, embed_tokens: nn.Embedding, prompt_ids: Sequence[int], media_hidden: torch.Tensor,
                user: list[int]) -> torch.Tensor:
     """[len(user), hidden]: text rows through text_projection, media rows through hidden_projection."""
     media = set(media_ids(talker.config))
-    prompt_end = user[-1] + 1 if user else 0
-    media_index = {row: i for i, row in enumerate(r for r in range(prompt_end) if ids[r] in media)}
-    if media_hidden.shape[0] < len(media_index):
-        raise ValueError(f"media_hidden has {media_hidden.shape[0]} rows for {len(media_index)} media rows")
-    is_media = torch.tensor([row in media_index for row in user], dtype=torch.bool, device=embeds.device)
-    out = embeds.new_empty((len(user), talker.config.text.hidden_size))
-    text_rows = [row for row in user if row not in media_index]
-    if text_rows:
-        out[~is_media] = talker.project_text(embeds[text_rows])
+    media_index = {row: i for i, row in enumerate(r for r, token in enumerate(prompt_ids) if token in media)}
+    if media_hidden.shape[0] != len(media_index):
+        raise ValueError(f"media_hidden has {media_hidden.shape[0]} rows for the prompt's {len(media_index)} media rows")
+    device = embed_tokens.weight.device
+    is_media = torch.tensor([row in media_index for row in user], dtype=torch.bool, device=device)
+    out = embed_tokens.weight.new_empty((len(user), talker.config.text.hidden_size))
+    text_ids = [prompt_ids[row] for row in user if row not in media_index]
+    if text_ids:
+        out[~is_media] = talker.project_text(embed_tokens(torch.tensor(text_ids, device=device)))
     if bool(is_media.any()):
         hidden_rows = [media_index[row] for row in user if row in media_index]
-        out[is_media] = talker.project_hidden(media_hidden[hidden_rows].to(embeds.dtype))
+        out[is_media] = talker.project_hidden(media_hidden[hidden_rows].to(out.dtype))
     return out
 
 
@@ -165,15 +174,16 @@ def _assistant_part(talker: Talker, head_embeds: torch.Tensor, speaker_id: int, 
     return text_side + codec_side
 
 
-def trailing_text(talker: Talker, reply_embeds: torch.Tensor, tts: TtsEmbeds) -> torch.Tensor:
-    """The text rows of the decode steps of a finished reply: reply_embeds [n, Ht], the
-    Thinker's embeddings of its n reply tokens -> [n - 1, hidden]: r1 .. r{n-2}, then tts_eos
-    (step k takes row k; past the end, tts.pad)."""
-    return torch.cat((talker.project_text(reply_embeds[1:-1]), tts.eos[None]))
+def trailing_text(talker: Talker, embed_tokens: nn.Embedding, reply_ids: Sequence[int], tts: TtsEmbeds) -> torch.Tensor:
+    """The text rows of the decode steps of a finished reply r0 .. r{n-1} -> [n - 1, hidden]:
+    r1 .. r{n-2}, then tts_eos. Step k takes row k; past the end, tts.pad."""
+    middle = torch.tensor(list(reply_ids[1:-1]), dtype=torch.long, device=embed_tokens.weight.device)
+    return torch.cat((talker.project_text(embed_tokens(middle)), tts.eos[None]))
 
 
 def talker_positions(config: TalkerConfig, prompt: TalkerPrompt,
                      image_grids: list[tuple[int, int, int]] = ()) -> PromptPositions:
     """Rotary positions of a Talker prefill; image_grids: the (t, h, w) merged-patch grids of
     the images in user turns, in order."""
-    return prompt_positions(prompt.rope_ids, config.media.image, list(image_grids), config.media.position_id_per_seconds)
+    media = config.media
+    return prompt_positions(prompt.rope_ids, media.image, list(image_grids), media.position_id_per_seconds)
