@@ -267,6 +267,21 @@ def test_talker_logits_with_image_positions_match_transformers(checkpoint, talke
 
 
 @torch.no_grad()
+def test_a_ragged_batch_equals_each_sequence_alone(talker):
+    """Two prefills in one flat pass (5 and 3 rows) through the paged cache, as the engine batches them."""
+    text = talker.config.text
+    cache = PagedKVCache(KVCacheShape(text.num_layers, text.num_kv_heads, text.head_dim, 16, 2), torch.float32, "cpu")
+    cache.reserve(0, 5)
+    cache.reserve(1, 3)
+    embeds = random_rows(8, 13)
+    positions = torch.cat((torch.arange(5), torch.arange(3)))
+    together = talker(embeds, positions, PagedAttention(cache, build_metadata(cache, [0, 1], [0, 0], [5, 3], "cpu")))
+    first = TalkerSequence(talker, 5).run(embeds[:5], torch.arange(5))
+    second = TalkerSequence(talker, 3).run(embeds[5:], torch.arange(3))
+    torch.testing.assert_close(together, torch.cat((first, second)), atol=1e-6, rtol=0)
+
+
+@torch.no_grad()
 def test_code_predictor_logits_match_transformers(checkpoint, talker):
     """Every step's logits (head g on the hidden state at position g) against HF's code
     predictor run over the whole frame sequence at once."""

@@ -52,7 +52,8 @@ class TalkerPromptTokens:
 @dataclass(frozen=True, kw_only=True)
 class TalkerMediaTokens:
     """What the Talker's multimodal rotary positions read (`talker_config`): the ids of
-    media tokens in its prompt ids and the time scale of image positions."""
+    media tokens in its prompt ids and the time scale of image positions. Defaults: the
+    Qwen3-Omni-30B-A3B checkpoint's (`from_hf` falls back to transformers' class defaults)."""
 
     audio: int = 151675
     image: int = 151655
