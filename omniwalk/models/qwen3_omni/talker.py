@@ -80,8 +80,8 @@ class Talker(nn.Module):
 
     A step: `forward` (hidden after the final norm) -> `compute_logits` on each sequence's
     last row -> pick the first code c0 -> `predict_frame(last_hidden, c0)` -> the frame's
-    codes and summed embedding; the next input row is that sum plus the next text row
-    (`talker_prompt.next_input`)."""
+    codes and summed embedding; the next input row is that sum plus the step's text row
+    (`talker_prompt.trailing_text`; its tts pad past the end)."""
 
     def __init__(self, config: TalkerConfig):
         super().__init__()

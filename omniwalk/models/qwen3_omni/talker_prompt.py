@@ -121,8 +121,9 @@ def tts_embeds(talker: Talker, embed_tokens: nn.Embedding) -> TtsEmbeds:
     return TtsEmbeds(bos=bos, eos=eos, pad=pad)
 
 
-def build_talker_prompt(talker: Talker, embed_tokens: nn.Embedding, prompt_ids: Sequence[int], first_reply_id: int,
-                        media_hidden: torch.Tensor, speaker_id: int, tts: TtsEmbeds) -> TalkerPrompt:
+def build_talker_prompt(talker: Talker, embed_tokens: nn.Embedding, prompt_ids: Sequence[int],
+                        first_reply_id: int, media_hidden: torch.Tensor, speaker_id: int,
+                        tts: TtsEmbeds) -> TalkerPrompt:
     """The Talker's prefill for one request.
 
     embed_tokens: the Thinker's token embedding table. prompt_ids: the Thinker's prompt;
@@ -174,7 +175,8 @@ def _assistant_part(talker: Talker, head_embeds: torch.Tensor, speaker_id: int, 
     return text_side + codec_side
 
 
-def trailing_text(talker: Talker, embed_tokens: nn.Embedding, reply_ids: Sequence[int], tts: TtsEmbeds) -> torch.Tensor:
+def trailing_text(talker: Talker, embed_tokens: nn.Embedding, reply_ids: Sequence[int],
+                  tts: TtsEmbeds) -> torch.Tensor:
     """The text rows of the decode steps of a finished reply r0 .. r{n-1} -> [n - 1, hidden]:
     r1 .. r{n-2}, then tts_eos. Step k takes row k; past the end, tts.pad."""
     middle = torch.tensor(list(reply_ids[1:-1]), dtype=torch.long, device=embed_tokens.weight.device)
