@@ -150,7 +150,8 @@ def _user_part(talker: Talker, embed_tokens: nn.Embedding, prompt_ids: Sequence[
     media = set(media_ids(talker.config))
     media_index = {row: i for i, row in enumerate(r for r, token in enumerate(prompt_ids) if token in media)}
     if media_hidden.shape[0] != len(media_index):
-        raise ValueError(f"media_hidden has {media_hidden.shape[0]} rows for the prompt's {len(media_index)} media rows")
+        raise ValueError(f"media_hidden has {media_hidden.shape[0]} rows for the prompt's "
+                         f"{len(media_index)} media rows")
     device = embed_tokens.weight.device
     is_media = torch.tensor([row in media_index for row in user], dtype=torch.bool, device=device)
     out = embed_tokens.weight.new_empty((len(user), talker.config.text.hidden_size))
