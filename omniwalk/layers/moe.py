@@ -1,6 +1,9 @@
 """Sparse Mixture-of-Experts MLP, as in Qwen3-MoE and Qwen3-Omni's Thinker: a router picks
 k of E SiLU-gated experts per token and sums their outputs, weighted.
 
+`SharedExpertMoeBlock` adds a dense expert every token goes through, scaled by a sigmoid
+gate (Qwen2-MoE's layout, Qwen3-Omni's Talker).
+
 Parameter names are transformers 5's in memory (`gate.weight`, `experts.gate_up_proj`,
 `experts.down_proj`), so the modules line up with `Qwen3OmniMoeThinkerTextSparseMoeBlock`;
 checkpoints store one tensor per expert and projection, which `expert_projections` maps
@@ -22,6 +25,7 @@ from torch import nn
 from omniwalk.kernels.fused_moe import MOE_BACKENDS, moe_experts, select_experts
 from omniwalk.kernels.triton_support import triton
 from omniwalk.layers.linear import Linear
+from omniwalk.layers.mlp import GatedMLP
 
 BACKEND_ENV = "OMNIWALK_MOE_BACKEND"
 
@@ -77,3 +81,19 @@ class SparseMoeBlock(nn.Module):
         topk_weights, topk_ids = select_experts(self.gate(x), self.top_k, self.norm_topk_prob)
         backend = self.backend or default_moe_backend(x.device.type)
         return self.experts(x, topk_weights, topk_ids, backend)
+
+
+class SharedExpertMoeBlock(SparseMoeBlock):
+    """The routed experts plus a shared one: `experts(x) + sigmoid(shared_expert_gate(x)) *
+    shared_expert(x)`, as transformers' `Qwen3OmniMoeTalkerTextSparseMoeBlock` (names too:
+    `shared_expert.{gate,up,down}_proj`, `shared_expert_gate.weight`)."""
+
+    def __init__(self, hidden_size: int, moe_intermediate_size: int, num_experts: int, top_k: int,
+                 norm_topk_prob: bool, shared_expert_intermediate_size: int):
+        super().__init__(hidden_size, moe_intermediate_size, num_experts, top_k, norm_topk_prob)
+        self.shared_expert = GatedMLP(hidden_size, shared_expert_intermediate_size)
+        self.shared_expert_gate = Linear(hidden_size, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [num_tokens, hidden]
+        shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return super().forward(x) + shared

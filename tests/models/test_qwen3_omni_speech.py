@@ -9,7 +9,8 @@ import torch
 transformers = pytest.importorskip("transformers")
 from transformers import Qwen3OmniMoeForConditionalGeneration  # noqa: E402
 
-from omniwalk.models.qwen3_omni.talker_prompt import NO_CODEC, SpeechTokens, talker_prompt, trailing_id  # noqa: E402
+from omniwalk.models.qwen3_omni.talker_config import TalkerConfig  # noqa: E402
+from omniwalk.models.qwen3_omni.talker_prompt import NO_CODEC, talker_prompt, trailing_id  # noqa: E402
 from qwen3_omni_speech_config import SPEAKERS, full_hf_config  # noqa: E402
 
 # system turn, user turn, assistant turn opened: the Talker reads the user turn only
@@ -22,11 +23,8 @@ def hf_model():
     return Qwen3OmniMoeForConditionalGeneration(full_hf_config()).eval()
 
 
-def speech_tokens(model) -> SpeechTokens:
-    config = model.config.to_dict()
-    thinker = model.config.thinker_config
-    return SpeechTokens.from_hf(config, frozenset({thinker.audio_token_id, thinker.image_token_id,
-                                                   thinker.video_token_id}))
+def talker_config(model) -> TalkerConfig:
+    return TalkerConfig.from_hf(model.config.to_dict())
 
 
 def hf_speak(model, prompt, eos: int, max_new_tokens: int = 8):
@@ -58,8 +56,9 @@ def test_talker_prompt_is_what_transformers_feeds_its_talker(hf_model):
     eos = answer[3]
     answer, captured = hf_speak(hf_model, PROMPT, eos=eos)
     assert answer[-1] == eos and eos not in answer[:-1]
-    tokens = speech_tokens(hf_model)
-    prompt = talker_prompt(PROMPT, answer[:-1], SPEAKERS["ethan"], tokens)   # the client's answer: no EOS
+    config = talker_config(hf_model)
+    tokens = config.prompt
+    prompt = talker_prompt(PROMPT, answer[:-1], SPEAKERS["ethan"], config)   # the client's answer: no EOS
     with torch.no_grad():
         rows = text_part(hf_model, list(prompt.text_ids))
         codec = torch.tensor([max(c, 0) for c in prompt.codec_ids])

@@ -50,7 +50,8 @@ from omniwalk.models.qwen3_omni.executors import (
     AudioEncoderExecutor, ImagePatches, MediaSpan, ThinkerExecutor, ThinkerPrompt, VisionEncoderExecutor,
 )
 from omniwalk.models.qwen3_omni.positions import PromptPositions
-from omniwalk.models.qwen3_omni.talker_prompt import SpeechTokens, talker_prompt
+from omniwalk.models.qwen3_omni.talker_config import TalkerConfig
+from omniwalk.models.qwen3_omni.talker_prompt import talker_prompt
 from omniwalk.models.qwen3_omni.thinker import Thinker
 
 TEXT_STREAM = "text"
@@ -128,7 +129,7 @@ def thinker_plan(view: StreamView) -> WalkCall | None:
     return None
 
 
-def talker_plan(view: StreamView, tokens: SpeechTokens) -> WalkCall | None:
+def talker_plan(view: StreamView, config: TalkerConfig) -> WalkCall | None:
     """The talker stream: once the answer is complete (its one chunk), the Talker's prefill,
     then its decode loop, then done. Nothing when the request asks for no audio, or the
     answer is empty (it was only its stop token)."""
@@ -137,7 +138,7 @@ def talker_plan(view: StreamView, tokens: SpeechTokens) -> WalkCall | None:
         answer = view.chunk.items if view.chunk is not None else []
         if request.speaker is None or not answer:
             return None
-        return WalkCall("talker_prefill", {"codes": talker_prompt(request.token_ids, answer, request.speaker, tokens)})
+        return WalkCall("talker_prefill", {"codes": talker_prompt(request.token_ids, answer, request.speaker, config)})
     if view.last_walk == "talker_prefill":
         return WalkCall("talker_decode", {"codes": view.kept["frame"]})
     return None

@@ -33,38 +33,17 @@ of its text; here every token of the answer is spoken.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from omniwalk.models.qwen3_omni.positions import PromptPositions, prompt_positions
+from omniwalk.models.qwen3_omni.talker import Talker
+from omniwalk.models.qwen3_omni.talker_config import TalkerConfig, TalkerPromptTokens
 
 NO_CODEC = -1
-
-
-@dataclass(frozen=True, kw_only=True)
-class SpeechTokens:
-    """The ids the Talker's prompt is made of (a `qwen3_omni_moe` config's top level and
-    `talker_config`)."""
-
-    im_start: int
-    user: int
-    assistant: int
-    tts_pad: int            # Thinker vocabulary
-    tts_bos: int
-    tts_eos: int
-    codec_nothink: int      # Talker (codec) vocabulary
-    codec_think_bos: int
-    codec_think_eos: int
-    codec_pad: int
-    codec_bos: int
-    codec_eos: int
-    media: frozenset[int]   # the Thinker's audio, image and video placeholders
-
-    @classmethod
-    def from_hf(cls, config: dict, media: frozenset[int]) -> "SpeechTokens":
-        talker = config["talker_config"]
-        return cls(im_start=config["im_start_token_id"], user=config["user_token_id"],
-                   assistant=config["assistant_token_id"], tts_pad=config["tts_pad_token_id"],
-                   tts_bos=config["tts_bos_token_id"], tts_eos=config["tts_eos_token_id"],
-                   codec_nothink=talker["codec_nothink_id"], codec_think_bos=talker["codec_think_bos_id"],
-                   codec_think_eos=talker["codec_think_eos_id"], codec_pad=talker["codec_pad_id"],
-                   codec_bos=talker["codec_bos_id"], codec_eos=talker["codec_eos_token_id"], media=media)
+TTS_PADS = 4   # assistant rows whose text part is tts_pad: they carry the codec's opening ids
 
 
 @dataclass(frozen=True)
@@ -80,12 +59,13 @@ class TalkerPrompt:
     media_rows: tuple[int, ...]
     media_positions: tuple[int, ...]
     trailing_ids: tuple[int, ...]     # decode step j adds trailing_ids[j]; past the end: tts_pad
+    rope_ids: tuple[int, ...]         # what the rotary positions read: the user rows' ids, then tts_pad
 
     def __len__(self) -> int:
         return len(self.text_ids)
 
 
-def user_turn_positions(prompt_ids: list[int], tokens: SpeechTokens) -> list[int]:
+def user_turn_positions(prompt_ids: Sequence[int], tokens: TalkerPromptTokens) -> list[int]:
     """Positions of the prompt that belong to user turns: the role after the last
     <|im_start|> at or before a position is `user` (transformers' `user_mask`; before any
     <|im_start|> it reads the prompt's second id, as transformers' clamped index does)."""
@@ -98,7 +78,7 @@ def user_turn_positions(prompt_ids: list[int], tokens: SpeechTokens) -> list[int
     return positions
 
 
-def assistant_start(prompt_ids: list[int], tokens: SpeechTokens) -> int:
+def assistant_start(prompt_ids: Sequence[int], tokens: TalkerPromptTokens) -> int:
     """The position of the last `<|im_start|>assistant` of the prompt: the turn to speak."""
     for position in range(len(prompt_ids) - 2, -1, -1):
         if prompt_ids[position] == tokens.im_start and prompt_ids[position + 1] == tokens.assistant:
@@ -106,27 +86,67 @@ def assistant_start(prompt_ids: list[int], tokens: SpeechTokens) -> int:
     raise ValueError("a prompt to speak must end in an assistant turn (<|im_start|>assistant)")
 
 
-def talker_prompt(prompt_ids: list[int], answer_ids: list[int], speaker: int, tokens: SpeechTokens) -> TalkerPrompt:
+def talker_prompt(prompt_ids: Sequence[int], answer_ids: Sequence[int], speaker: int,
+                  config: TalkerConfig) -> TalkerPrompt:
     """The Talker's prompt for the Thinker's `answer_ids` (without the stop token that
     ended it, if one did) to `prompt_ids`, in `speaker`'s voice (a codec id). As transformers, the
     assistant turn is read from its <|im_start|> on, prompt and answer alike: its first 3
     ids open it, the 4th joins the prefill, the rest are the decode steps' text."""
+    tokens, codec = config.prompt, config.codec
     start = assistant_start(prompt_ids, tokens)
-    turn = prompt_ids[start:] + list(answer_ids)
+    turn = list(prompt_ids[start:]) + list(answer_ids)
     if len(turn) < 4:
         raise ValueError("the Talker speaks an answer of at least one token after <|im_start|>assistant\\n")
     user = user_turn_positions(prompt_ids, tokens)
-    text = [prompt_ids[p] for p in user] + turn[:3] + [tokens.tts_pad] * 4 + [tokens.tts_bos, turn[3]]
-    codec = ([NO_CODEC] * (len(user) + 3) + [tokens.codec_nothink, tokens.codec_think_bos, tokens.codec_think_eos,
-                                               speaker, tokens.codec_pad, tokens.codec_bos])
-    media_rows = tuple(row for row, p in enumerate(user) if prompt_ids[p] in tokens.media)
+    head = [tokens.tts_pad] * TTS_PADS + [tokens.tts_bos]
+    text = [prompt_ids[p] for p in user] + turn[:3] + head + [turn[3]]
+    codecs = ([NO_CODEC] * (len(user) + 3)
+              + [codec.nothink, codec.think_bos, codec.think_eos, speaker, codec.pad, codec.bos])
+    media = {config.media.audio, config.media.image, config.media.video}
+    media_rows = tuple(row for row, p in enumerate(user) if prompt_ids[p] in media)
     return TalkerPrompt(
-        text_ids=tuple(text), codec_ids=tuple(codec), media_rows=media_rows,
+        text_ids=tuple(text), codec_ids=tuple(codecs), media_rows=media_rows,
         media_positions=tuple(user[row] for row in media_rows),
         trailing_ids=tuple(turn[4:]) + (tokens.tts_eos,),
+        rope_ids=tuple(prompt_ids[p] for p in user) + (tokens.tts_pad,) * (len(text) - len(user)),
     )
 
 
-def trailing_id(prompt: TalkerPrompt, step: int, tokens: SpeechTokens) -> int:
+def trailing_id(prompt: TalkerPrompt, step: int, tokens: TalkerPromptTokens) -> int:
     """The id whose text part decode step `step` adds."""
     return prompt.trailing_ids[step] if step < len(prompt.trailing_ids) else tokens.tts_pad
+
+
+# ----------------------------------------------------------------------------- rows (tensors)
+
+def text_rows(talker: Talker, embed_tokens: nn.Embedding, ids: Sequence[int]) -> torch.Tensor:
+    """The text parts of `ids`: text_projection of the Thinker's embeddings -> [len(ids), hidden]."""
+    return talker.project_text(embed_tokens(torch.tensor(list(ids), dtype=torch.long,
+                                                         device=embed_tokens.weight.device)))
+
+
+def prompt_rows(talker: Talker, embed_tokens: nn.Embedding, prompt: TalkerPrompt,
+                media_hidden: torch.Tensor | None = None) -> torch.Tensor:
+    """The Talker's prefill input rows [len(prompt), hidden]. `media_hidden`: [m, Ht], the
+    Thinker's hidden state `accept_hidden_layer` at `prompt.media_positions`, in order."""
+    rows = text_rows(talker, embed_tokens, prompt.text_ids)
+    if prompt.media_rows:
+        if media_hidden is None or media_hidden.shape[0] != len(prompt.media_rows):
+            raise ValueError(f"the Talker's prompt has {len(prompt.media_rows)} media rows; got "
+                             f"{None if media_hidden is None else media_hidden.shape[0]} hidden states")
+        where = torch.tensor(prompt.media_rows, device=rows.device)
+        rows = rows.index_copy(0, where, talker.project_hidden(media_hidden.to(rows.dtype)))
+    codec = [(row, c) for row, c in enumerate(prompt.codec_ids) if c != NO_CODEC]
+    if codec:
+        where = torch.tensor([row for row, _ in codec], device=rows.device)
+        ids = torch.tensor([c for _, c in codec], device=rows.device)
+        rows = rows.index_add(0, where, talker.embed_codes(ids).to(rows.dtype))
+    return rows
+
+
+def talker_positions(config: TalkerConfig, prompt: TalkerPrompt,
+                     image_grids: list[tuple[int, int, int]] = ()) -> PromptPositions:
+    """Rotary positions of a Talker prefill (`image_grids`: the merged-patch (t, h, w) grids of
+    the user turns' images, in order): row i at position i when no image is among them."""
+    media = config.media
+    return prompt_positions(list(prompt.rope_ids), media.image, list(image_grids), media.position_id_per_seconds)
