@@ -23,21 +23,23 @@ D samples early, re-decoding the tail that the previous chunk could not make yet
                  made by a chunk ending at frame f:   [.., f*U - D)
                  need frame f, so made by the next:   [f*U - D, ..)
 
-    chunk [s, e), codes of frames [s - L, e), L = exact_left_context(config):
-      transformer over all of them; its outputs from frame s - C on are exact (L - C frames
-        is its reach: num_layers * (sliding_window - 1))
-      conv stack over frames [s - C, e) only (C frames: the convs' reach back from sample s*U - D)
+    chunk [s, e) gets the codes of frames [s - L, e), L = exact_left_context = R + C:
+      transformer over all of them: its outputs from frame s - C on see their whole history
+        (R = num_layers * (sliding_window - 1) frames back)
+      conv stack over frames [s - C, e) only: C frames is its reach back from sample s*U - D
       emits samples [s*U - D, e*U - D)   (from 0 for the first chunk)
 
 so the chunks of a stream, concatenated, are the whole-sequence decode: every sample, from
 the same inputs, equal within float rounding. `chunk_samples` says how many a chunk yields.
+For the released model L = 568 + 10 = 578 frames: the transformer is cheap next to the conv
+stack (0.11 vs 2.4 GMAC a frame), and the convs only run over C + n frames.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
