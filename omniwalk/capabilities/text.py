@@ -19,6 +19,27 @@ from omniwalk.runtime import FinishReason, Request, RequestOutput, StopConfig, S
 from omniwalk.tokenizer import NoTokenizer, encode
 
 
+#: how the Talker samples unless a request says otherwise (transformers' generate defaults)
+TALKER_SAMPLING = SamplingParams(temperature=0.9, top_k=50, repetition_penalty=1.05)
+
+
+@dataclass(frozen=True)
+class SpeechOutput:
+    """Speak the answer as well (a model whose text frontend has `voices`): in `voice`, at
+    most `max_frames` codec frames (None: up to the model's limit). The audio is 16-bit PCM,
+    mono, at the frontend's `audio_sample_rate`; `audio_samples(frames)` says how many."""
+
+    voice: str
+    max_frames: int | None = None
+    sampling: SamplingParams = TALKER_SAMPLING   # the seed is the request's
+
+    def __post_init__(self):
+        if not isinstance(self.voice, str) or not self.voice:
+            raise ValueError("voice must be a non-empty string")
+        if self.max_frames is not None and self.max_frames < 1:
+            raise ValueError(f"max_frames must be >= 1, got {self.max_frames}")
+
+
 @dataclass(frozen=True)
 class GenerationRequest:
     """One text generation. Exactly one of `prompt` / `prompt_token_ids`. `media` (images,
@@ -34,6 +55,7 @@ class GenerationRequest:
     stop_token_ids: list[int] = field(default_factory=list)
     sampling: SamplingParams = SamplingParams(temperature=0.0)
     media: tuple[MediaInput, ...] = ()
+    speech: SpeechOutput | None = None
 
     def __post_init__(self):
         if (self.prompt is None) == (self.prompt_token_ids is None):
@@ -69,6 +91,7 @@ class GenerationChunk:
     # what stopped it, as vLLM reports it: the stop string or stop token id it matched;
     # None for an EOS, the length cap, or a request still running
     stop_reason: str | int | None = None
+    audio: bytes = b""        # speech (`GenerationRequest.speech`): 16-bit PCM samples made this step
 
 
 @dataclass
@@ -81,27 +104,33 @@ class GenerationResult:
     usage: Usage
     logprobs: list[TokenLogprobs | None]
     error: str | None = None
+    audio: bytes = b""
 
 
 def collect_generation(stream) -> GenerationResult:
     """Drain a text RequestStream into one result."""
-    ids, texts, logprobs = [], [], []
+    ids, texts, logprobs, audio = [], [], [], []
     last = None
     for last in stream:
         ids += last.token_ids
         texts.append(last.text)
         logprobs += last.logprobs
+        audio.append(last.audio)
     return GenerationResult(stream.request_id, stream.prompt_token_ids, ids, "".join(texts),
-                            last.finish_reason, last.usage, logprobs, last.error)
+                            last.finish_reason, last.usage, logprobs, last.error, b"".join(audio))
 
 
 class TextOutputProcessor:
     """Text deltas by incremental detokenization, stop strings, and the final usage record."""
 
     def __init__(self, request_id: str, stream: str, prompt_token_ids: list[int], tokenizer, stop: list[str],
-                 eos_like: frozenset[int], reported_stop_ids: frozenset[int] = frozenset()):
+                 eos_like: frozenset[int], reported_stop_ids: frozenset[int] = frozenset(),
+                 audio_stream: str | None = None):
         self.request_id = request_id
+        self.stream = stream
         self.tokens_key, self.logprobs_key = (stream, "tokens"), (stream, "logprobs")
+        self.audio_key = (audio_stream, "audio") if audio_stream is not None else None
+        self.text_finished = False
         self.prompt_token_ids = prompt_token_ids
         # without tokenizer files a model answers in ids only: there is no text to build
         self.detokenizer = None if isinstance(tokenizer, NoTokenizer) else IncrementalDetokenizer(tokenizer)
@@ -111,14 +140,18 @@ class TextOutputProcessor:
         self.reported_stop_ids = reported_stop_ids   # the client's stop_token_ids that are not an active EOS
         self.num_ids = 0
         self.ends_request = False
+        self.text_finish_reason: str | None = None
+        self.last_ids: list[int] = []   # the text's latest ids: the stop reason reads its last one
 
     def process(self, out: RequestOutput) -> GenerationChunk:
         # the runtime's lists: each output is processed once, so the chunk takes them as they are
-        ids = [] if self.ends_request else out.items.get(self.tokens_key, [])
-        logprobs = [] if self.ends_request else out.items.get(self.logprobs_key) or [None] * len(ids)
+        ids = [] if self.ends_request or self.text_finished else out.items.get(self.tokens_key, [])
+        logprobs = [] if not ids else out.items.get(self.logprobs_key) or [None] * len(ids)
+        # the text may end before the request does (its audio goes on): it ends with the text stream
+        text_reason = out.stream_finish_reasons.get(self.stream) or (out.finish_reason if out.finished else None)
         text = []
         if self.detokenizer is not None:
-            for position, token in enumerate(self._rendered(ids, out)):
+            for position, token in enumerate(self._rendered(ids, text_reason)):
                 text.append(self._released(self.detokenizer.add(token)))
                 if self.matcher is not None and self.matcher.matched:
                     # ids end at the token that completed the stop string (as vLLM)
@@ -126,16 +159,22 @@ class TextOutputProcessor:
                     self.ends_request = True
                     break
         self.num_ids += len(ids)
-        finished = out.finished or self.ends_request
-        if finished and self.detokenizer is not None:
-            text.append(self._released(self.detokenizer.flush(), final=True))
-        chunk = GenerationChunk(self.request_id, ids, "".join(text), logprobs)
-        if finished:
+        text_ends = (text_reason is not None or self.ends_request or out.finished) and not self.text_finished
+        if text_ends:
+            self.text_finished = True
+            self.text_finish_reason = FinishReason.STOP if self.ends_request else text_reason
+            if self.detokenizer is not None:
+                text.append(self._released(self.detokenizer.flush(), final=True))
+        audio = b"".join(out.items.get(self.audio_key, ())) if self.audio_key is not None else b""
+        chunk = GenerationChunk(self.request_id, ids, "".join(text), logprobs, audio=audio)
+        if ids:
+            self.last_ids = ids
+        if out.finished or self.ends_request:
             chunk.finished = True
-            chunk.finish_reason = FinishReason.STOP if self.ends_request else out.finish_reason
+            chunk.finish_reason = self.text_finish_reason or out.finish_reason
             chunk.error = None if self.ends_request else out.error
             chunk.usage = Usage(len(self.prompt_token_ids), self.num_ids)
-            chunk.stop_reason = self._stop_reason(ids, chunk.finish_reason)
+            chunk.stop_reason = self._stop_reason(self.last_ids, chunk.finish_reason)
         return chunk
 
     def _stop_reason(self, ids: list[int], finish_reason: str) -> str | int | None:
@@ -151,10 +190,10 @@ class TextOutputProcessor:
         return GenerationChunk(self.request_id, [], "", [], finished=True, finish_reason=FinishReason.ERROR,
                                error=message, usage=Usage(len(self.prompt_token_ids), self.num_ids))
 
-    def _rendered(self, ids: list[int], out: RequestOutput) -> list[int]:
+    def _rendered(self, ids: list[int], text_reason: str | None) -> list[int]:
         """The ids that become text: a stop item (EOS, a stop id) ends the last output of a
-        stopped request; it is counted and returned as an id, never rendered."""
-        if out.finished and out.finish_reason == FinishReason.STOP and ids and ids[-1] in self.stop_ids:
+        stopped text stream; it is counted and returned as an id, never rendered."""
+        if text_reason == FinishReason.STOP and ids and ids[-1] in self.stop_ids:
             return ids[:-1]
         return ids
 

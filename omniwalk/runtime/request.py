@@ -72,6 +72,8 @@ class RequestOutput:
     items: dict[tuple[str, str], list[Any]] = field(default_factory=dict)
     finished: bool = False
     finish_reason: str | None = None
+    # a stream's finish reason, in the output of the step it finished if that step sent
+    # something (its last items), and of every stream in the request's last output
     stream_finish_reasons: dict[str, str] = field(default_factory=dict)
     usage: dict[str, int] = field(default_factory=dict)   # budgeted items per stream
     error: str | None = None

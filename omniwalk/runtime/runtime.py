@@ -489,6 +489,9 @@ class Runtime:
     def _finish_stream(self, stream: StreamState) -> None:
         stream.is_finished = True
         self._release(stream)
+        out = self.outputs.get(stream.request_id)
+        if out is not None:   # with the stream's last items: its client learns now, not when the request ends
+            out.stream_finish_reasons[stream.name] = stream.finish_reason
         for consumer_name, edge in self.graph.edges_by_consumer.items():
             if edge.producer == stream.name:
                 consumer = stream.owner.streams[consumer_name]

@@ -3,6 +3,7 @@ with `return_audio=True`) on a tiny random full checkpoint."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -69,3 +70,42 @@ def test_talker_prompt_is_what_transformers_feeds_its_talker(hf_model):
         torch.testing.assert_close(trailing, captured["trailing_text_hidden"][0])
         torch.testing.assert_close(text_part(hf_model, [trailing_id(prompt, 99, tokens)]), captured["tts_pad_embed"][0])
     assert prompt.media_rows == ()
+
+
+# ----------------------------------------------------------------------------- served end to end
+
+@pytest.fixture(scope="module")
+def speaking_engine(hf_model, tmp_path_factory):
+    from omniwalk import Engine, EngineArgs
+
+    folder = tmp_path_factory.mktemp("qwen3-omni-full")
+    hf_model.save_pretrained(folder)
+    with Engine(EngineArgs(str(folder), dtype="float32", device="cpu", max_model_len=256)) as engine:
+        yield engine
+
+
+def speak(engine, prompt, max_tokens, max_frames, stop_token_ids=(), **kw):
+    from omniwalk.capabilities.text import GenerationRequest, SpeechOutput, collect_generation
+    from omniwalk.engine.sampler import SamplingParams
+
+    greedy = SamplingParams(temperature=0.0)
+    request = GenerationRequest(prompt_token_ids=prompt, max_tokens=max_tokens, stop_token_ids=list(stop_token_ids),
+                                sampling=greedy, speech=SpeechOutput("Ethan", max_frames, sampling=greedy), **kw)
+    return collect_generation(engine.submit(request))
+
+
+def test_speech_equals_transformers(hf_model, speaking_engine):
+    """Greedy text and audio of transformers' generate(return_audio=True) (Talker greedy, no
+    repetition penalty), for an answer that ends on its stop token."""
+    answer, _ = hf_speak(hf_model, PROMPT, eos=281)
+    eos = answer[3]
+    torch.manual_seed(0)
+    sequences, wav = hf_model.generate(input_ids=torch.tensor([PROMPT]), thinker_max_new_tokens=8,
+                                       thinker_eos_token_id=eos, talker_max_new_tokens=40, talker_do_sample=False,
+                                       talker_repetition_penalty=1.0, speaker="Ethan")
+    result = speak(speaking_engine, PROMPT, 8, 39, stop_token_ids=[eos])
+    assert result.token_ids == sequences[0, len(PROMPT):].tolist()
+    ours = np.frombuffer(result.audio, "<i2").astype(np.float32) / 32767
+    expected = wav.reshape(-1).numpy()
+    assert ours.shape == expected.shape and expected.size > 0
+    assert np.abs(ours - expected).max() < 2e-4

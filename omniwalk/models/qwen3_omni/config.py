@@ -9,12 +9,17 @@ is that dict at the top level.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from omniwalk.layers.config import DecoderConfig, decoder_config_from_hf
 from omniwalk.models.qwen3_omni.encoder_config import AudioEncoderConfig, VisionEncoderConfig
+from omniwalk.models.qwen3_omni.code2wav_config import Code2WavConfig
 from omniwalk.models.qwen3_omni.media import AudioSettings, ImageSettings
+from omniwalk.models.qwen3_omni.talker_config import (
+    TalkerConfig, TalkerMediaTokens, TalkerPromptTokens, tiny_talker_config,
+)
 
 #: the text that marks one media item's place in a prompt (Qwen3-Omni's chat template)
 MEDIA_MARKER_TOKENS = {
@@ -41,6 +46,22 @@ class MediaTokens:
                 "<|audio_start|>": self.audio_start, "<|audio_pad|>": self.audio, "<|audio_end|>": self.audio_end}
 
 
+@dataclass(frozen=True)
+class SpeechConfig:
+    """The speaking parts of a full checkpoint: the Talker (with its code predictor) and Code2Wav."""
+
+    talker: TalkerConfig
+    code2wav: Code2WavConfig
+
+    def __post_init__(self):
+        predictor = self.talker.code_predictor.decoder
+        if (self.code2wav.num_quantizers, self.code2wav.codebook_size) != (self.talker.num_code_groups,
+                                                                            predictor.vocab_size):
+            raise ValueError(f"Code2Wav reads {self.code2wav.num_quantizers} codebooks of "
+                             f"{self.code2wav.codebook_size}; the Talker writes {self.talker.num_code_groups} of "
+                             f"{predictor.vocab_size}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class ThinkerConfig:
     text: DecoderConfig                  # attention stack, dense MLP width (mlp_only_layers), rope theta
@@ -60,6 +81,7 @@ class ThinkerConfig:
     # preprocessing (the folder's preprocessor_config.json, read at load; else the defaults)
     image_settings: ImageSettings = ImageSettings()
     audio_settings: AudioSettings = AudioSettings()
+    speech: SpeechConfig | None = None   # a full checkpoint's Talker and Code2Wav (None: text out only)
 
     def __post_init__(self):
         if sum(self.mrope_section) != self.text.rotary_dim // 2:
@@ -120,12 +142,24 @@ def thinker_config_from_hf(hf: dict[str, Any]) -> ThinkerConfig:
         image_settings=ImageSettings(patch_size=vision.patch_size, temporal_patch_size=vision.temporal_patch_size,
                                      merge_size=vision.spatial_merge_size),
         audio_settings=AudioSettings(num_mel_bins=audio.num_mel_bins),
+        speech=speech_config_from_hf(hf),
     )
 
 
-# Media token ids of the tiny model: past the tiny tokenizer's vocabulary (which has no
-# such tokens); the frontend maps the marker texts to them.
-TINY_MEDIA_TOKENS = 8
+def speech_config_from_hf(hf: dict[str, Any]) -> SpeechConfig | None:
+    """The Talker and Code2Wav of a full `qwen3_omni_moe` config.json with audio output on;
+    None for a thinker-only one."""
+    if not (hf.get("talker_config") and hf.get("code2wav_config") and hf.get("enable_audio_output", True)):
+        return None
+    return SpeechConfig(TalkerConfig.from_hf(hf), Code2WavConfig.from_hf(hf))
+
+
+# Media and speech token ids of the tiny model: past the tiny tokenizer's vocabulary (which
+# has no such tokens); the frontend maps the marker texts to them.
+TINY_MEDIA_TOKENS = 10
+# the tiny tokenizer's <|im_start|>, <|im_end|> and the first id of each role's name, as its
+# chat template writes them (the Talker finds the turns by the id after <|im_start|>)
+TINY_CHAT_IDS = dict(im_start=1, im_end=2, system=85, user=359, assistant=284)
 
 
 def tiny_config(tokenizer_size: int) -> ThinkerConfig:
@@ -146,4 +180,10 @@ def tiny_config(tokenizer_size: int) -> ThinkerConfig:
         vision=VisionEncoderConfig.tiny(out_hidden_size=hidden),
         # images of at most 64 x 64 pixels: 4 tokens each
         image_settings=ImageSettings(min_pixels=32 * 32, max_pixels=64 * 64),
+        speech=SpeechConfig(
+            tiny_talker_config(hidden, TalkerPromptTokens(**TINY_CHAT_IDS, tts_pad=base + 7, tts_bos=base + 8,
+                                                          tts_eos=base + 9),
+                               TalkerMediaTokens(audio=base, image=base + 1, video=base + 2, vision_start=base + 5,
+                                                 audio_start=base + 3)),
+            dataclasses.replace(Code2WavConfig.tiny(), codebook_size=64)),
     )

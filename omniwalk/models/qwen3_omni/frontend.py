@@ -11,6 +11,7 @@ item's content. Errors name the item (`MediaInput.name`).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 from typing import Any
@@ -20,22 +21,81 @@ import torch
 
 from omniwalk.audio import MEDIA_MAX_SECONDS, load_audio
 from omniwalk.capabilities.media import AudioInput, ImageInput
+from omniwalk.capabilities import Prepared
 from omniwalk.capabilities.text import GenerationRequest, TextFrontend
 from omniwalk.engine.sampler import SamplingParams
 from omniwalk.models.decoder_lm.model import WARMUP_PROMPT_TOKENS, WARMUP_REQUESTS, warmup_prompt
 from omniwalk.models.qwen3_omni.config import MEDIA_MARKER_TOKENS, TINY_MEDIA_TOKENS, ThinkerConfig
 from omniwalk.models.qwen3_omni.executors import ImagePatches, MediaSpan
 from omniwalk.models.qwen3_omni.media import AudioProcessor, ImageProcessor, audio_token_count, decode_image
-from omniwalk.models.qwen3_omni.model import TEXT_STREAM, ThinkerRequest
+from omniwalk.models.qwen3_omni.model import AUDIO_STREAM, TALKER_STREAM, TEXT_STREAM, ThinkerRequest
+from omniwalk.models.qwen3_omni.talker_prompt import assistant_start
 from omniwalk.models.qwen3_omni.positions import prompt_positions
 from omniwalk.runtime import Request, StopConfig, StreamParams
 from omniwalk.tokenizer import encode
 
 
+#: the frame budget of a request that names none (transformers' generate: 4,096 Talker tokens)
+DEFAULT_MAX_FRAMES = 4096
+
+
 class ThinkerTextFrontend(TextFrontend):
-    """`TextFrontend` whose prompts may hold images and audio."""
+    """`TextFrontend` whose prompts may hold images and audio, and whose answers a model with
+    a Talker also speaks (`GenerationRequest.speech`)."""
 
     media_markers = {kind: "".join(tokens) for kind, tokens in MEDIA_MARKER_TOKENS.items()}
+
+    @property
+    def voices(self) -> tuple[str, ...]:
+        """The voices a request may ask to be answered in; none for a model that does not speak."""
+        speech = self.config.speech
+        return tuple(sorted(speech.talker.speakers)) if speech is not None else ()
+
+    @property
+    def audio_sample_rate(self) -> int | None:
+        speech = self.config.speech
+        return speech.code2wav.sample_rate if speech is not None else None
+
+    def prepare(self, request: GenerationRequest, request_id: str, draw_seed) -> Prepared:
+        prepared = super().prepare(request, request_id, draw_seed)
+        if request.speech is None:
+            return prepared
+        return self._speaking(request, prepared)
+
+    def _speaking(self, request: GenerationRequest, prepared: Prepared) -> Prepared:
+        """The prepared text request, with the Talker's and Code2Wav's streams."""
+        speech = self.config.speech
+        if speech is None:
+            raise ValueError("this model does not speak (its checkpoint has no Talker)")
+        talker = speech.talker
+        try:
+            speaker = talker.speaker_id(request.speech.voice)
+        except KeyError as exc:
+            raise ValueError(exc.args[0]) from None
+        prompt: ThinkerRequest = prepared.request.inputs
+        if prompt.spans:
+            raise ValueError("speaking about images or audio in the prompt is not supported yet; ask for text only")
+        try:
+            assistant_start(prompt.token_ids, talker.prompt)
+        except ValueError:
+            raise ValueError("a spoken answer needs a chat prompt that opens the assistant's turn "
+                             "(<|im_start|>assistant): send messages") from None
+        room = talker.text.max_position_embeddings - len(prompt.token_ids) - 16
+        max_frames = request.speech.max_frames or min(DEFAULT_MAX_FRAMES, room)
+        if max_frames > room:
+            raise ValueError(f"max_frames ({max_frames}) exceeds what the Talker's context leaves ({room})")
+        text = prepared.request.streams[self.stream]
+        streams = {
+            self.stream: text,
+            TALKER_STREAM: StreamParams(max_frames, StopConfig(eos_ids=frozenset({talker.codec.eos}),
+                                                               ignore_eos=request.ignore_eos),
+                                        request.speech.sampling, text.seed),
+            AUDIO_STREAM: StreamParams(),
+        }
+        runtime_request = Request(prepared.request.request_id, dataclasses.replace(prompt, speaker=speaker), streams)
+        processor = prepared.processor
+        processor.audio_key = (AUDIO_STREAM, "audio")
+        return Prepared(runtime_request, processor, prepared.prompt_token_ids)
 
     def __init__(self, *, config: ThinkerConfig, image_processor: ImageProcessor, audio_processor: AudioProcessor,
                  **text):

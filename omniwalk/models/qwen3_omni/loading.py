@@ -1,11 +1,11 @@
-"""What loading Qwen3-Omni's Thinker does differently from the shared pipeline
-(omniwalk.loading): the Thinker module (language model, LM head, both encoders), checkpoint
-names from either folder kind, a KV cache for the language model, no prefill graphs (a
-prefill chunk may carry media rows, which the eager pass binds):
+"""What loading Qwen3-Omni does differently from the shared pipeline (omniwalk.loading): the
+module (the Thinker alone, or with the Talker and Code2Wav when the config has them),
+checkpoint names from either folder kind, a KV cache for the Thinker's language model and,
+for a model that speaks, a second one for the Talker:
 
-    Qwen3OmniMoeForConditionalGeneration          thinker.X             -> X
-                                                  talker.*, code2wav.*  skipped (speech out: not served yet)
-    Qwen3OmniMoeThinkerForConditionalGeneration   X                     -> X
+    Qwen3OmniMoeForConditionalGeneration          thinker.X, talker.X, code2wav.X    (`Qwen3Omni`)
+      with audio output off                       thinker.X -> X; talker.*, code2wav.* skipped
+    Qwen3OmniMoeThinkerForConditionalGeneration   X                                  (`Thinker`)
 """
 
 from __future__ import annotations
@@ -16,15 +16,24 @@ import json
 from omniwalk.loading import read_model_source
 from omniwalk.models.family import LoaderSpec, decoder_kv_layout
 from omniwalk.models.qwen3_omni.media import AudioSettings, ImageSettings
-from omniwalk.models.qwen3_omni.model import ThinkerModel
+from omniwalk.engine.kv_cache import KVCacheShape, PagedKVCache
+from omniwalk.models.qwen3_omni.config import ThinkerConfig
+from omniwalk.models.qwen3_omni.model import SpeechParts, ThinkerModel
+from omniwalk.models.qwen3_omni.omni import Qwen3Omni
 from omniwalk.models.qwen3_omni.thinker import Thinker
 
 THINKER_PREFIX = "thinker."
 SKIPPED_PREFIXES = ("talker.", "code2wav.")
 
 
-def checkpoint_name(config, name: str) -> str | None:
-    """Parameter name of a checkpoint tensor, or None for the parts the Thinker does not use."""
+def build(config: ThinkerConfig):
+    return Qwen3Omni(config) if config.speech is not None else Thinker(config)
+
+
+def checkpoint_name(config: ThinkerConfig, name: str) -> str | None:
+    """Parameter name of a checkpoint tensor, or None for the parts the model does not use."""
+    if config.speech is not None:
+        return name   # Qwen3Omni has transformers' names
     if name.startswith(SKIPPED_PREFIXES):
         return None
     if name.startswith(THINKER_PREFIX):
@@ -47,15 +56,40 @@ def read_thinker_source(ctx) -> None:
                                      audio_settings=AudioSettings.from_preprocessor_config(settings))
 
 
+def thinker_of(ctx) -> Thinker:
+    return ctx.module.thinker if isinstance(ctx.module, Qwen3Omni) else ctx.module
+
+
+#: Talker KV tokens per running request on a GPU (20 KB a token at Qwen3-Omni-30B-A3B's size);
+#: the Talker's cache is allocated before the Thinker's takes what memory is left
+TALKER_TOKENS_PER_SEQUENCE = 2048
+
+
+def allocate_talker_cache(ctx) -> None:
+    speech = ctx.config.speech
+    if speech is None:
+        return
+    args, text = ctx.args, speech.talker.text
+    tokens = args.kv_cache_tokens or (args.max_num_seqs * TALKER_TOKENS_PER_SEQUENCE if ctx.device.type == "cuda"
+                                      else 65536)
+    shape = KVCacheShape(text.num_layers, text.num_kv_heads, text.head_dim, args.page_size, -(-tokens // args.page_size))
+    ctx.resources["talker_cache"] = PagedKVCache(shape, ctx.dtype, ctx.device)
+
+
 def serve_thinker(ctx) -> ThinkerModel:
-    return ThinkerModel(ctx.module, ctx.cache, max_batch_size=ctx.args.max_num_seqs, decode_graphs=ctx.decode_graphs,
-                        prefill_graphs=ctx.prefill_graphs)
+    speech = None
+    if isinstance(ctx.module, Qwen3Omni):
+        speech = SpeechParts(ctx.module.talker, ctx.module.code2wav, ctx.resources["talker_cache"])
+    return ThinkerModel(thinker_of(ctx), ctx.cache, max_batch_size=ctx.args.max_num_seqs,
+                        decode_graphs=ctx.decode_graphs, prefill_graphs=ctx.prefill_graphs, speech=speech)
 
 
 THINKER_LOADER = LoaderSpec(
-    build=Thinker,
+    build=build,
     read_source=read_thinker_source,
     rename=checkpoint_name,
     kv_layout=lambda config: decoder_kv_layout(config.text),
+    resources=allocate_talker_cache,
+    decode_step=thinker_of,
     serve=serve_thinker,
 )

@@ -50,6 +50,9 @@ from omniwalk.models.qwen3_omni.executors import (
     AudioEncoderExecutor, ImagePatches, MediaSpan, ThinkerExecutor, ThinkerPrompt, VisionEncoderExecutor,
 )
 from omniwalk.models.qwen3_omni.positions import PromptPositions
+from omniwalk.models.qwen3_omni.code2wav import Code2Wav, exact_left_context
+from omniwalk.models.qwen3_omni.speech_executors import Code2WavExecutor, TalkerExecutor
+from omniwalk.models.qwen3_omni.talker import Talker
 from omniwalk.models.qwen3_omni.talker_config import TalkerConfig
 from omniwalk.models.qwen3_omni.talker_prompt import talker_prompt
 from omniwalk.models.qwen3_omni.thinker import Thinker
@@ -152,14 +155,35 @@ def audio_plan(view: StreamView) -> WalkCall | None:
     return WalkCall("code2wav", {"frames": chunk})
 
 
+#: Code2Wav's chunks, in frames (12.5 a second): a small first one for the time to first
+#: audio, larger ones after it (each re-reads `exact_left_context` frames before it)
+CODE2WAV_FIRST_FRAMES = 4
+CODE2WAV_CHUNK_FRAMES = 16
+
+
+@dataclass(frozen=True)
+class SpeechParts:
+    """What a model that speaks adds to the Thinker: the Talker, Code2Wav, the Talker's KV cache."""
+
+    talker: Talker
+    code2wav: Code2Wav
+    talker_cache: PagedKVCache
+
+
+def code2wav_chunks(code2wav: Code2Wav) -> LeftContext:
+    return LeftContext(CODE2WAV_CHUNK_FRAMES, exact_left_context(code2wav.config), first_size=CODE2WAV_FIRST_FRAMES)
+
+
 class ThinkerModel:
-    """The Thinker served through the runtime (implements `ServedModel`)."""
+    """The Thinker served through the runtime (implements `ServedModel`); with `speech`, the
+    Talker and Code2Wav as well."""
 
     def __init__(self, thinker: Thinker, cache: PagedKVCache, *, max_batch_size: int = 256,
-                 decode_graphs: DecodeGraphs | None = None, prefill_graphs: PrefillGraphs | None = None):
+                 decode_graphs: DecodeGraphs | None = None, prefill_graphs: PrefillGraphs | None = None,
+                 speech: SpeechParts | None = None):
         self.thinker = thinker
         self.cache = cache
-        self.graph = thinker_graph()
+        self.speech = speech
         self.executors = {
             AUDIO_ENCODER.name: AudioEncoderExecutor(thinker.audio_tower, max_batch_size),
             VISION_ENCODER.name: VisionEncoderExecutor(thinker.visual, thinker.config.vision.spatial_merge_size,
@@ -167,6 +191,17 @@ class ThinkerModel:
             THINKER.name: ThinkerExecutor(thinker, cache, max_batch_size, decode_graphs,
                                            prefill_graphs=prefill_graphs),
         }
+        if speech is None:
+            self.graph = thinker_graph()
+            return
+        self.graph = thinker_graph(speaks=True, code2wav_chunks=code2wav_chunks(speech.code2wav))
+        self.executors[TALKER.name] = TalkerExecutor(speech.talker, thinker.model.embed_tokens, speech.talker_cache,
+                                                     max_batch_size)
+        self.executors[CODE2WAV.name] = Code2WavExecutor(speech.code2wav)
 
     def plan(self, view: StreamView) -> WalkCall | None:
+        if view.name == TALKER_STREAM:
+            return talker_plan(view, self.speech.talker.config)
+        if view.name == AUDIO_STREAM:
+            return audio_plan(view)
         return thinker_plan(view)

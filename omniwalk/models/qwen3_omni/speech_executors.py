@@ -32,7 +32,7 @@ from omniwalk.engine.sampler import Sampler, SamplingParams
 from omniwalk.graph import Chunk
 from omniwalk.models.qwen3_omni.code2wav import Code2Wav
 from omniwalk.models.qwen3_omni.talker import Talker
-from omniwalk.models.qwen3_omni.talker_prompt import NO_CODEC, TalkerPrompt, trailing_id
+from omniwalk.models.qwen3_omni.talker_prompt import TalkerPrompt, prompt_rows, text_rows, trailing_id
 from omniwalk.runtime.executor import NodeCall, NodeExecutor
 
 #: the code predictor's sampling when the Talker samples (transformers' generate)
@@ -102,18 +102,12 @@ class TalkerExecutor(NodeExecutor):
 
     @torch.inference_mode()
     def _prompt_rows(self, prompt: TalkerPrompt) -> torch.Tensor:
-        if prompt.media_rows:
+        if prompt.media_rows:   # they read the Thinker's hidden states there: not handed over yet
             raise ValueError("speaking about images or audio in the prompt is not supported yet")
-        rows = self._text_rows(list(prompt.text_ids))
-        codec = [c for c in prompt.codec_ids if c != NO_CODEC]
-        if codec:
-            where = torch.tensor([i for i, c in enumerate(prompt.codec_ids) if c != NO_CODEC], device=self.device)
-            rows = rows.index_add(0, where, self.talker.embed_codes(torch.tensor(codec, device=self.device)))
-        return rows
+        return prompt_rows(self.talker, self.thinker_embeddings, prompt)
 
     def _text_rows(self, ids: list[int]) -> torch.Tensor:
-        embeds = self.thinker_embeddings(torch.tensor(ids, dtype=torch.long, device=self.device))
-        return self.talker.project_text(embeds)
+        return text_rows(self.talker, self.thinker_embeddings, ids)
 
     # ------------------------------------------------------------ the step
 
@@ -155,6 +149,9 @@ class TalkerExecutor(NodeExecutor):
         params = [call.stream.params for call in calls]
         logits = self.talker.compute_logits(last_hidden)
         logits.index_fill_(1, self.suppressed, float("-inf"))
+        endless = [i for i, p in enumerate(params) if p.stop.ignore_eos]
+        if endless:   # exactly the frame budget: codec EOS may not be picked either
+            logits[endless, self.config.codec.eos] = float("-inf")
         first = self.sampler(logits, [p.sampling for p in params], [p.seed for p in params],
                              [s.step * self.config.num_code_groups for s in sequences],
                              [[] for _ in sequences], [s.first_codes for s in sequences]).token_ids
