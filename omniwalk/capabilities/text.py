@@ -209,6 +209,10 @@ class TextFrontend(Frontend):
 
     capability = Capability.TEXT
     request_type = GenerationRequest
+    #: the voices a request may ask its answer spoken in (`GenerationRequest.speech`), and the
+    #: audio's sample rate; a model that speaks says (Qwen3-Omni with its Talker)
+    voices: tuple[str, ...] = ()
+    audio_sample_rate: int | None = None
 
     def __init__(self, *, tokenizer, vocab_size: int, max_model_len: int, kv_capacity_tokens: int,
                  eos_token_ids: frozenset[int], stream: str, make_prompt: Callable[[list[int]], Any]):

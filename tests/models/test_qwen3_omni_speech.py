@@ -109,3 +109,74 @@ def test_speech_equals_transformers(hf_model, speaking_engine):
     expected = wav.reshape(-1).numpy()
     assert ours.shape == expected.shape and expected.size > 0
     assert np.abs(ours - expected).max() < 2e-4
+
+
+def samples(frames: int) -> int:
+    """A stream of F frames: F * U - D samples (Code2Wav's lookahead, as transformers' decode)."""
+    from omniwalk.models.qwen3_omni.code2wav import emitted_samples
+    from omniwalk.models.qwen3_omni.code2wav_config import Code2WavConfig
+
+    return emitted_samples(Code2WavConfig.from_hf(full_hf_config().to_dict()), frames)
+
+
+@pytest.mark.parametrize("frames", [1, 2, 3, 9])
+def test_frame_budget_is_exact_streamed_and_not(speaking_engine, frames):
+    from omniwalk.capabilities.text import GenerationRequest, SpeechOutput
+    from omniwalk.engine.sampler import SamplingParams
+
+    alone = speak(speaking_engine, PROMPT, 5, frames, ignore_eos=True)
+    assert len(alone.token_ids) == 5 and len(alone.audio) == 2 * samples(frames)
+    request = GenerationRequest(prompt_token_ids=PROMPT, max_tokens=5, ignore_eos=True,
+                                sampling=SamplingParams(temperature=0.0),
+                                speech=SpeechOutput("ethan", frames, sampling=SamplingParams(temperature=0.0)))
+    chunks = list(speaking_engine.submit(request))
+    assert [t for c in chunks for t in c.token_ids] == alone.token_ids
+    assert b"".join(c.audio for c in chunks) == alone.audio
+    assert chunks[-1].finished and chunks[-1].finish_reason == "length"
+
+
+def test_text_only_on_a_speaking_model_and_mixed_batches(speaking_engine):
+    """No audio unless asked; sampled speech in a batch with other requests equals it alone."""
+    from omniwalk.capabilities.text import GenerationRequest, SpeechOutput, collect_generation
+    from omniwalk.engine.sampler import SamplingParams
+
+    plain = collect_generation(speaking_engine.submit(GenerationRequest(prompt_token_ids=PROMPT, max_tokens=6,
+                                                                        ignore_eos=True)))
+    spoken = speak(speaking_engine, PROMPT, 6, 7, ignore_eos=True)
+    assert plain.audio == b"" and spoken.token_ids == plain.token_ids
+    sampled = [GenerationRequest(prompt_token_ids=PROMPT[:-3] + [280, 283, 12 + i], max_tokens=3 + i, ignore_eos=True,
+                                 sampling=SamplingParams(temperature=1.0, seed=i),
+                                 speech=SpeechOutput(voice, 4 + i, sampling=SamplingParams(temperature=0.9, seed=i)))
+               for i, voice in enumerate(["ethan", "Chelsie", "AIDEN"])]
+    alone = [collect_generation(speaking_engine.submit(r)) for r in sampled]
+    together = [collect_generation(s) for s in [speaking_engine.submit(r) for r in sampled]]
+    assert [(r.token_ids, r.audio) for r in together] == [(r.token_ids, r.audio) for r in alone]
+    assert all(len(r.audio) == 2 * samples(4 + i) for i, r in enumerate(alone))
+
+
+@pytest.mark.parametrize("speech, message", [
+    (dict(voice="nobody"), "unknown voice"),
+    (dict(voice="ethan", prompt=[5, 6, 7]), "assistant"),
+])
+def test_bad_speech_requests_fail_alone(speaking_engine, speech, message):
+    from omniwalk.capabilities.text import GenerationRequest, SpeechOutput
+
+    prompt = speech.pop("prompt", PROMPT)
+    with pytest.raises(ValueError, match=message):
+        speaking_engine.submit(GenerationRequest(prompt_token_ids=prompt, max_tokens=2, speech=SpeechOutput(**speech)))
+    assert speak(speaking_engine, PROMPT, 2, 2, ignore_eos=True).audio   # the engine goes on
+
+
+def test_the_tiny_model_speaks():
+    from omniwalk import Engine, EngineArgs
+    from omniwalk.capabilities import Capability
+    from omniwalk.capabilities.text import GenerationRequest, SpeechOutput, collect_generation
+
+    with Engine(EngineArgs("tiny-qwen3-omni", device="cpu", dtype="float32")) as engine:
+        frontend = engine.frontend(Capability.TEXT)
+        assert frontend.voices == ("aiden", "chelsie", "ethan") and frontend.audio_sample_rate == 24000
+        prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": "Say hi"}], tokenize=False,
+                                                      add_generation_prompt=True)
+        result = collect_generation(engine.submit(GenerationRequest(
+            prompt=prompt, max_tokens=4, ignore_eos=True, speech=SpeechOutput("Ethan", 6))))
+    assert len(result.token_ids) == 4 and len(result.audio) > 0

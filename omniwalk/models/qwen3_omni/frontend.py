@@ -58,9 +58,10 @@ class ThinkerTextFrontend(TextFrontend):
 
     def prepare(self, request: GenerationRequest, request_id: str, draw_seed) -> Prepared:
         prepared = super().prepare(request, request_id, draw_seed)
-        if request.speech is None:
-            return prepared
-        return self._speaking(request, prepared)
+        if request.speech is not None:
+            return self._speaking(request, prepared)
+        prepared.request.streams.update(silent_streams(self.config))
+        return prepared
 
     def _speaking(self, request: GenerationRequest, prepared: Prepared) -> Prepared:
         """The prepared text request, with the Talker's and Code2Wav's streams."""
@@ -187,6 +188,12 @@ class ThinkerTextFrontend(TextFrontend):
             raise ValueError(f"{item.name}: {exc}") from None
 
 
+def silent_streams(config: ThinkerConfig) -> dict[str, StreamParams]:
+    """The talker stream's params of a request that asks for no audio, on a model that speaks:
+    every budgeted stream has a limit; this one ends with the text, without a walk."""
+    return {TALKER_STREAM: StreamParams(1)} if config.speech is not None else {}
+
+
 def _content_hash(tensor: torch.Tensor) -> int:
     data = np.ascontiguousarray(tensor.numpy())
     digest = hashlib.sha256(repr(data.shape).encode() + data.tobytes()).digest()
@@ -214,5 +221,5 @@ def thinker_warmup(loaded) -> list[Request]:
         ids = warmup_prompt(i, prompt_len, vocab)
         params = StreamParams(budget, StopConfig(ignore_eos=True), SamplingParams(temperature=1.0, top_p=0.9, seed=i), i)
         requests.append(Request(f"warmup-{i}", ThinkerRequest(ids, prompt_positions(ids, -1, [], 0)),
-                                {TEXT_STREAM: params}))
+                                {TEXT_STREAM: params, **silent_streams(loaded.config)}))
     return requests
