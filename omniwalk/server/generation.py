@@ -115,11 +115,14 @@ class Collected:
     error: str | None = None
     num_prompt_tokens: int = 0
     stop_reason: str | int | None = None
+    audio: list[bytes] = field(default_factory=list)   # a spoken answer's 16-bit PCM
 
     def add(self, chunk: GenerationChunk) -> None:
         self.token_ids += chunk.token_ids
         self.text.append(chunk.text)
         self.logprobs += chunk.logprobs
+        if chunk.audio:
+            self.audio.append(chunk.audio)
         if chunk.finished:
             self.finish_reason = chunk.finish_reason
             self.error = chunk.error

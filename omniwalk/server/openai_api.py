@@ -21,10 +21,20 @@ whose frontend takes media, `image_url`, `input_audio` (OpenAI) and `audio_url` 
 each becomes the model's marker in the message's text, its bytes an item of the request's
 `media` named by its place (`messages[1].content[2]`); server/media.py has the rules.
 `video_url` and a kind the model does not take are a 400 naming the part.
+
+Spoken answers (a model whose text frontend has voices: Qwen3-Omni with its Talker), as
+OpenAI's chat audio: `modalities: ["text", "audio"]` and `audio: {"voice", "format"}`
+(`wav` or `pcm16`: 16-bit mono PCM at the model's rate, 24 kHz; a stream only `pcm16`),
+plus omniwalk's `audio.max_frames` (codec frames, 12.5 a second; exactly that many unless
+the codec's EOS ends the speech first; the samples: max_frames * 1920 - 555 on Qwen3-Omni).
+The message's `content` is null and `audio` carries `id`, base64 `data`, `expires_at` and
+the text as `transcript`; streamed, each delta's `audio` carries the new samples and text.
+Voices are case-insensitive; others, and audio on a model that cannot speak, are a 400.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import time
@@ -35,6 +45,8 @@ from functools import lru_cache
 from fastapi import APIRouter, Request
 
 from omniwalk.api import GenerationChunk, GenerationRequest
+from omniwalk.capabilities import Capability
+from omniwalk.capabilities.text import SpeechOutput
 from omniwalk.engine.causal_lm_executor import TokenLogprobs
 from omniwalk.engine.sampler import SamplingParams
 from omniwalk.server.generation import (
@@ -42,6 +54,7 @@ from omniwalk.server.generation import (
     disconnected_response, until_disconnected,
 )
 from omniwalk.server.media import MediaRef, chat_content, check_markers
+from omniwalk.server.speech import wav_header
 from omniwalk.server.protocol import (
     ApiError, ChatCompletionRequest, ClientFields, CompletionRequest, check_stop_token_ids, error_body,
 )
@@ -100,6 +113,8 @@ def openai_router(ctx: ServerContext) -> APIRouter:
             max_tokens, fields = body.max_tokens, ClientFields.of(body)
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         base = _base_request(body, max_tokens, logprobs, fields)
+        if body.audio is not None:
+            base = replace(base, speech=_speech(ctx, body))
         requests = [_choice_request(base, prompt, body.seed, i) for i in range(body.n)]
         generation = await ctx.submit_with_media(requests, f"chatcmpl-{uuid.uuid4().hex}", media, fields)
         return await _respond(request, _ChatView(ctx, body, generation, token_text))
@@ -157,10 +172,37 @@ def _check_chat(body: ChatCompletionRequest) -> None:
         raise ApiError(400, "tool_choice is not supported", "tool_choice")
     if body.response_format not in (None, {"type": "text"}):
         raise ApiError(400, "response_format other than text is not supported", "response_format")
-    if body.modalities not in (None, ["text"]):
-        raise ApiError(400, "only the text modality is supported", "modalities")
+    modalities = set(body.modalities or ["text"])
+    if not modalities <= {"text", "audio"} or "text" not in modalities:
+        raise ApiError(400, 'modalities must be ["text"] or ["text", "audio"]', "modalities")
+    if ("audio" in modalities) != (body.audio is not None):
+        raise ApiError(400, 'a spoken answer needs both "audio" in modalities and the audio field', "audio")
+    if body.audio is not None:
+        if body.audio.format not in AUDIO_FORMATS:
+            raise ApiError(400, f"audio.format must be one of {', '.join(AUDIO_FORMATS)}", "audio.format")
+        if body.stream and body.audio.format != "pcm16":
+            raise ApiError(400, "a streamed spoken answer must use audio.format pcm16", "audio.format")
     if body.top_logprobs is not None and not body.logprobs:
         raise ApiError(400, "top_logprobs needs logprobs=true", "top_logprobs")
+
+
+AUDIO_FORMATS = ("wav", "pcm16")
+#: OpenAI's `expires_at` of a spoken answer: until when it may be referred to (omniwalk keeps
+#: nothing: the time is reported as OpenAI reports it, an hour on)
+AUDIO_KEPT_S = 3600
+
+
+def _speech(ctx: ServerContext, body: ChatCompletionRequest) -> SpeechOutput:
+    """The spoken answer a chat request asks for, checked against the model's voices."""
+    voices = ctx.engine.frontend(Capability.TEXT).voices
+    if not voices:
+        raise ApiError(400, "this model does not produce audio; ask for modalities [\"text\"]", "modalities")
+    if body.audio.voice.lower() not in voices:
+        raise ApiError(400, f"unknown voice {body.audio.voice!r}; this model has {', '.join(voices)}", "audio.voice")
+    try:
+        return SpeechOutput(body.audio.voice, body.audio.max_frames)
+    except ValueError as exc:
+        raise ApiError(400, f"audio.{exc}", "audio.max_frames") from None
 
 
 def _check_n(ctx: ServerContext, total: int) -> None:
@@ -434,6 +476,15 @@ class _ChatView(_View):
     object_name = "chat.completion"
     chunk_object_name = "chat.completion.chunk"
 
+    def __init__(self, *args):
+        super().__init__(*args)
+        if self.body.audio is not None:
+            self.sample_rate = self.ctx.engine.frontend(Capability.TEXT).audio_sample_rate
+            self.expires_at = self.created + AUDIO_KEPT_S
+
+    def audio_id(self, index: int) -> str:
+        return f"audio_{self.generation.request_id}_{index}"
+
     def response(self, results: list[Collected]) -> dict:
         body = super().response(results)
         if self.body.return_token_ids:
@@ -443,6 +494,12 @@ class _ChatView(_View):
     def choice(self, index: int, result: Collected) -> dict:
         choice = {"index": index, "message": {"role": "assistant", "content": "".join(result.text)},
                   "logprobs": None, "finish_reason": result.finish_reason, "stop_reason": result.stop_reason}
+        if self.body.audio is not None:   # as OpenAI: the text is the audio's transcript
+            pcm = b"".join(result.audio)
+            data = wav_header(len(pcm), self.sample_rate) + pcm if self.body.audio.format == "wav" else pcm
+            choice["message"].update(content=None, audio={
+                "id": self.audio_id(index), "data": base64.b64encode(data).decode(), "expires_at": self.expires_at,
+                "transcript": "".join(result.text)})
         if self.body.logprobs:
             choice["logprobs"] = {"content": self._logprobs(result.token_ids, result.logprobs)}
         if self.body.return_token_ids:
@@ -462,12 +519,16 @@ class _ChatView(_View):
         """No event for a chunk with nothing in it for the client: ids that made no text yet (a
         character split across tokens, text held back as the start of a stop string, an EOS),
         unless the client asked for ids or logprobs. The last chunk always goes (finish_reason)."""
-        return bool(chunk.text or chunk.finished or (chunk.token_ids and (self.body.return_token_ids
-                                                                          or self.body.logprobs)))
+        return bool(chunk.text or chunk.audio or chunk.finished
+                    or (chunk.token_ids and (self.body.return_token_ids or self.body.logprobs)))
 
     def delta(self, index: int, chunk: GenerationChunk) -> dict:
         # the delta always has content ("" at the end, as vLLM sends it): never an empty `delta: {}`
-        choice = {"index": index, "delta": {"content": chunk.text}, "logprobs": None,
+        # (a spoken answer's: its audio, the text as the transcript, as OpenAI streams it)
+        delta = {"content": chunk.text} if self.body.audio is None else {"audio": {
+            "id": self.audio_id(index), "transcript": chunk.text, "data": base64.b64encode(chunk.audio).decode(),
+            "expires_at": self.expires_at}}
+        choice = {"index": index, "delta": delta, "logprobs": None,
                   "finish_reason": chunk.finish_reason if chunk.finished else None, "stop_reason": chunk.stop_reason}
         if self.body.logprobs:
             choice["logprobs"] = {"content": self._logprobs(chunk.token_ids, chunk.logprobs)}

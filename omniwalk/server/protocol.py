@@ -287,6 +287,15 @@ class ChatMessage(_Strict):
         return "".join(part.text for part in self.content if isinstance(part, TextPart))
 
 
+class ChatAudio(_Strict):
+    """`audio` of a chat request whose `modalities` include "audio" (OpenAI's), and the frame
+    budget (omniwalk's: codec frames, 12.5 a second on Qwen3-Omni; None: the model's limit)."""
+
+    voice: str
+    format: str = "wav"              # wav | pcm16 (streams: pcm16 only, as OpenAI)
+    max_frames: int | None = None
+
+
 class ChatCompletionRequest(_OpenAISampling):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None    # takes precedence over max_tokens
@@ -296,7 +305,8 @@ class ChatCompletionRequest(_OpenAISampling):
     tools: list[Any] | None = None                  # not implemented
     tool_choice: Any = None                         # only None / "none"
     parallel_tool_calls: bool | None = None
-    modalities: list[str] | None = None             # only ["text"]
+    modalities: list[str] | None = None             # ["text"], or ["text", "audio"] on a model that speaks
+    audio: ChatAudio | None = None                  # with "audio" in modalities
     reasoning_effort: str | None = None             # accepted, unused
     # vLLM extensions
     add_generation_prompt: bool = True

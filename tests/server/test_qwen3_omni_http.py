@@ -108,3 +108,50 @@ def test_disconnect_mid_stream_frees_pages(server):
                 if line.startswith("data: {"):
                     break   # one chunk, then hang up
     server.wait_idle()
+
+
+# ----------------------------------------------------------------------------- spoken answers
+
+SAMPLES_PER_FRAME, LOOKAHEAD = 96, 32   # tiny-qwen3-omni's Code2Wav: F frames give F * 96 - 32 samples
+
+
+def spoken(client, frames: int, stream: bool = False, **audio):
+    return client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Say something"}], max_tokens=3, temperature=0, seed=7,
+        modalities=["text", "audio"], audio={"voice": "Ethan", "format": "pcm16" if stream else "wav", **audio},
+        stream=stream, extra_body={"ignore_eos": True, "audio": {"voice": audio.get("voice", "Ethan"),
+                                                                  "format": "pcm16" if stream else "wav",
+                                                                  "max_frames": frames}})
+
+
+@pytest.mark.parametrize("frames", [1, 4])
+def test_spoken_answer_streamed_equals_not(client, frames):
+    whole = spoken(client, frames)
+    audio = whole.choices[0].message.audio
+    wav = base64.b64decode(audio.data)
+    samples, rate = soundfile.read(io.BytesIO(wav), dtype="int16")
+    assert rate == 24000 and len(samples) == frames * SAMPLES_PER_FRAME - LOOKAHEAD and np.abs(samples).max() > 0
+    assert whole.choices[0].message.content is None and audio.transcript
+    pcm, transcript = b"", ""
+    for event in spoken(client, frames, stream=True):
+        for choice in event.choices:
+            delta = choice.delta.audio   # the openai client's typed delta (ChoiceDeltaAudio)
+            if delta is not None:
+                pcm += base64.b64decode(delta.data or "")
+                transcript += delta.transcript or ""
+    assert pcm == samples.tobytes() and transcript == audio.transcript
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"modalities": ["text", "audio"]}, "audio"),
+    ({"modalities": ["audio"], "audio": {"voice": "ethan"}}, "modalities"),
+    ({"modalities": ["text", "audio"], "audio": {"voice": "nobody"}}, "audio.voice"),
+    ({"modalities": ["text", "audio"], "audio": {"voice": "ethan", "format": "mp3"}}, "audio.format"),
+    ({"modalities": ["text", "audio"], "audio": {"voice": "ethan", "format": "wav"}, "stream": True}, "audio.format"),
+    ({"modalities": ["text", "audio"], "audio": {"voice": "ethan", "max_frames": 0}}, "audio.max_frames"),
+])
+def test_bad_spoken_requests_are_400s(server, body, param):
+    response = httpx.post(server.url + "/v1/chat/completions", json={
+        "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **body})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param

@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import torch
+
 from omniwalk.loading import read_model_source
 from omniwalk.models.family import LoaderSpec, decoder_kv_layout
 from omniwalk.models.qwen3_omni.media import AudioSettings, ImageSettings
@@ -84,10 +86,29 @@ def serve_thinker(ctx) -> ThinkerModel:
                         decode_graphs=ctx.decode_graphs, prefill_graphs=ctx.prefill_graphs, speech=speech)
 
 
+@torch.no_grad()
+def audible_random_codec(ctx) -> None:
+    """Random weights of N(0, 0.02) shrink Code2Wav's signal ~5x a conv layer: a random model
+    would only ever say zeros. Its convs get std 1/sqrt(fan-in) instead (a demo that is heard,
+    and tests that compare samples that are not all zero)."""
+    if not (ctx.random_weights and isinstance(ctx.module, Qwen3Omni)):
+        return
+    generator = torch.Generator().manual_seed(ctx.args.seed + 1)
+    last = ctx.module.code2wav.decoder[-1].conv   # the output conv: a quiet signal, not a clipped one
+    for module in ctx.module.code2wav.modules():
+        if isinstance(module, (torch.nn.Conv1d, torch.nn.ConvTranspose1d)):
+            weight = module.weight
+            fan_in = weight[0].numel() if isinstance(module, torch.nn.Conv1d) else weight.shape[0] * weight.shape[2]
+            std = fan_in ** -0.5 * (0.02 if module is last else 1.0)
+            values = torch.empty(weight.shape, dtype=torch.float32).normal_(0.0, std, generator=generator)
+            weight.copy_(values.to(weight.dtype))
+
+
 THINKER_LOADER = LoaderSpec(
     build=build,
     read_source=read_thinker_source,
     rename=checkpoint_name,
+    after_weights=audible_random_codec,
     kv_layout=lambda config: decoder_kv_layout(config.text),
     resources=allocate_talker_cache,
     decode_step=thinker_of,
