@@ -66,9 +66,11 @@ def test_talker_prompt_is_what_transformers_feeds_its_talker(hf_model):
         has_codec = torch.tensor([c != NO_CODEC for c in prompt.codec_ids])[:, None]
         rows = rows + hf_model.talker.get_input_embeddings()(codec) * has_codec
         torch.testing.assert_close(rows, captured["inputs_embeds"][0])
-        trailing = text_part(hf_model, [trailing_id(prompt, j, tokens) for j in range(len(prompt.trailing_ids))])
+        steps = range(len(prompt.trailing_ids) + 1)   # the answer's text, then tts_eos
+        trailing = text_part(hf_model, [trailing_id(prompt.trailing_ids, j, tokens) for j in steps])
         torch.testing.assert_close(trailing, captured["trailing_text_hidden"][0])
-        torch.testing.assert_close(text_part(hf_model, [trailing_id(prompt, 99, tokens)]), captured["tts_pad_embed"][0])
+        torch.testing.assert_close(text_part(hf_model, [trailing_id(prompt.trailing_ids, 99, tokens)]),
+                                   captured["tts_pad_embed"][0])
     assert prompt.media_rows == ()
 
 
@@ -180,3 +182,16 @@ def test_the_tiny_model_speaks():
         result = collect_generation(engine.submit(GenerationRequest(
             prompt=prompt, max_tokens=4, ignore_eos=True, speech=SpeechOutput("Ethan", 6))))
     assert len(result.token_ids) == 4 and len(result.audio) > 0
+
+
+def test_audio_starts_while_the_text_is_written(speaking_engine):
+    from omniwalk.capabilities.text import GenerationRequest, SpeechOutput
+    from omniwalk.engine.sampler import SamplingParams
+
+    greedy = SamplingParams(temperature=0.0)
+    chunks = list(speaking_engine.submit(GenerationRequest(prompt_token_ids=PROMPT, max_tokens=16, ignore_eos=True,
+                                                          sampling=greedy, speech=SpeechOutput("ethan", 8, greedy))))
+    first_audio = next(i for i, c in enumerate(chunks) if c.audio)
+    last_text = max(i for i, c in enumerate(chunks) if c.token_ids)
+    assert first_audio < last_text
+    assert sum(len(c.token_ids) for c in chunks) == 16 and sum(len(c.audio) for c in chunks) == 2 * samples(8)

@@ -416,7 +416,7 @@ def hf_talker_inputs(checkpoint):
 
 def trailing_rows(talker, embed_tokens, prompt) -> torch.Tensor:
     """The text rows of a prompt's decode steps until its tts_eos."""
-    ids = [trailing_id(prompt, step, talker.config.prompt) for step in range(len(prompt.trailing_ids))]
+    ids = [trailing_id(prompt.trailing_ids, step, talker.config.prompt) for step in range(len(prompt.trailing_ids) + 1)]
     return text_rows(talker, embed_tokens, ids)
 
 
@@ -439,7 +439,7 @@ def test_prefill_built_from_the_thinker_matches_transformers(checkpoint, talker,
     torch.testing.assert_close(rows, captured["inputs_embeds"][0], atol=1e-5, rtol=0)
     torch.testing.assert_close(trailing_rows(talker, embed_tokens, prompt), captured["trailing_text_hidden"][0],
                                atol=1e-5, rtol=0)
-    pad = text_rows(talker, embed_tokens, [trailing_id(prompt, 10 ** 6, talker.config.prompt)])[0]
+    pad = text_rows(talker, embed_tokens, [trailing_id(prompt.trailing_ids, 10 ** 6, talker.config.prompt)])[0]
     torch.testing.assert_close(pad, captured["tts_pad_embed"][0, 0], atol=1e-5, rtol=0)
     assert talker_positions(talker.config, prompt).rope is None     # no image: row i at position i
 

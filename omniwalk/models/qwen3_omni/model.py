@@ -16,11 +16,12 @@ pushes its tokens to the talker stream, and two more streams follow it:
 
     text stream      ... as above, each token also ToStream("talker")
                       |
-                      |  StreamEdge(text -> talker, the whole answer at its close)
+                      |  StreamEdge(text -> talker, FixedChunks(1): each token as it comes)
                       v
     talker stream (budgeted: the frame budget counts frames; stop: codec EOS)
-      talker_prefill: talker(TalkerPrompt) -> frame   ToClient (deferred), ToStream("audio"), Keep
-      talker_decode:  Loop "talker_decode" [ talker(frame) -> frame  ToClient, ToStream ]  (cap T - 1)
+      talker_prefill: talker(TalkerPrompt)  -> frame   ToClient (deferred), ToStream("audio"), Keep
+      talker_step:    talker(TextMore)      -> frame   (the same edges; one step per new token)
+      talker_decode:  Loop "talker_decode" [ talker(TextEnd | frame) -> frame ]   (cap T - 1)
                       |
                       |  StreamEdge(talker -> audio, LeftContext: a small first chunk, then larger)
                       v
@@ -28,9 +29,13 @@ pushes its tokens to the talker stream, and two more streams follow it:
       code2wav:       code2wav(frames) -> pcm   ToClient("audio")
 
 A frame is one code per codebook (the Talker's first, the code predictor's residuals, in
-one Talker step). The Talker speaks once the answer is complete, as transformers' generate
-does (audio while the Thinker still writes is the next step). A request that asks for no
-audio ends its talker stream when the text ends, and its audio stream with it.
+one Talker step). The Talker follows the answer as it is written: its prefill once the
+answer's first token exists, a step for each later token (step k reads token k + 1), and
+when the text ends the decode loop, whose steps read <tts_eos> once and then <tts_pad>, until
+codec EOS or the frame budget. So audio starts while the Thinker still writes, and the
+frames are those of transformers' generate, which speaks the finished answer. A request
+that asks for no audio ends its talker stream when the text ends, and its audio stream
+with it.
 """
 
 from __future__ import annotations
@@ -51,7 +56,9 @@ from omniwalk.models.qwen3_omni.executors import (
 )
 from omniwalk.models.qwen3_omni.positions import PromptPositions
 from omniwalk.models.qwen3_omni.code2wav import Code2Wav, exact_left_context
-from omniwalk.models.qwen3_omni.speech_executors import Code2WavExecutor, TalkerExecutor
+from omniwalk.models.qwen3_omni.speech_executors import (
+    Code2WavExecutor, TalkerExecutor, TalkerStart, TextEnd, TextMore,
+)
 from omniwalk.models.qwen3_omni.talker import Talker
 from omniwalk.models.qwen3_omni.talker_config import TalkerConfig
 from omniwalk.models.qwen3_omni.talker_prompt import talker_prompt
@@ -67,8 +74,8 @@ THINKER = Node("thinker", inputs=("tokens",), outputs=("token", "logprobs"), sta
 TALKER = Node("talker", inputs=("codes",), outputs=("frame",), stateful=True)
 CODE2WAV = Node("code2wav", inputs=("frames",), outputs=("pcm",))
 
-#: the talker stream's chunk policy: the whole answer, released when the text stream closes
-WHOLE_ANSWER = FixedChunks(1 << 62)
+#: the talker stream's chunk policy: every token of the answer as it comes
+EACH_TOKEN = FixedChunks(1)
 
 
 def thinker_graph(speaks: bool = False, code2wav_chunks: LeftContext | None = None) -> ModelGraph:
@@ -91,12 +98,13 @@ def thinker_graph(speaks: bool = False, code2wav_chunks: LeftContext | None = No
     frame_emit = (ToClient("frame", "frames", deferred=True), ToStream("frame", AUDIO_STREAM))
     walks += [
         Walk("talker_prefill", ("codes",), Sequential(TALKER, *frame_emit, Keep("frame"))),
+        Walk("talker_step", ("codes",), Sequential(TALKER, *frame_emit, Keep("frame"))),
         Walk("talker_decode", ("codes",), Loop("talker_decode", Sequential(TALKER, *frame_emit),
                                               carry={"frame": "codes"})),
         Walk("code2wav", ("frames",), Sequential(CODE2WAV, ToClient("pcm", "audio"))),
     ]
     streams += [StreamSpec(TALKER_STREAM, BudgetSpec("frame", loop="talker_decode")), StreamSpec(AUDIO_STREAM)]
-    edges = [StreamEdge(TEXT_STREAM, TALKER_STREAM, WHOLE_ANSWER),
+    edges = [StreamEdge(TEXT_STREAM, TALKER_STREAM, EACH_TOKEN),
              StreamEdge(TALKER_STREAM, AUDIO_STREAM, code2wav_chunks)]
     return ModelGraph(walks, streams, edges)
 
@@ -133,18 +141,23 @@ def thinker_plan(view: StreamView) -> WalkCall | None:
 
 
 def talker_plan(view: StreamView, config: TalkerConfig) -> WalkCall | None:
-    """The talker stream: once the answer is complete (its one chunk), the Talker's prefill,
-    then its decode loop, then done. Nothing when the request asks for no audio, or the
-    answer is empty (it was only its stop token)."""
+    """The talker stream (see the module docstring): the prefill at the answer's first token,
+    a step for each later one, the decode loop once the text ended. Nothing when the request
+    asks for no audio, or the answer is empty (it was only its stop token)."""
     request: ThinkerRequest = view.request
+    chunk = view.chunk
+    if request.speaker is None:
+        return None
     if view.last_walk is None:
-        answer = view.chunk.items if view.chunk is not None else []
-        if request.speaker is None or not answer:
+        if chunk is None or not chunk.items:   # the text ended before it said anything
             return None
-        return WalkCall("talker_prefill", {"codes": talker_prompt(request.token_ids, answer, request.speaker, config)})
-    if view.last_walk == "talker_prefill":
-        return WalkCall("talker_decode", {"codes": view.kept["frame"]})
-    return None
+        prompt = talker_prompt(request.token_ids, chunk.items, request.speaker, config)
+        return WalkCall("talker_prefill", {"codes": TalkerStart(prompt, text_ended=chunk.is_final)})
+    if view.last_walk == "talker_decode":
+        return None
+    if chunk is not None and chunk.num_new:
+        return WalkCall("talker_step", {"codes": TextMore(tuple(chunk.items), ended=chunk.is_final)})
+    return WalkCall("talker_decode", {"codes": TextEnd()})
 
 
 def audio_plan(view: StreamView) -> WalkCall | None:

@@ -2,9 +2,11 @@
 `code2wav` (frames to 24 kHz samples).
 
 The Talker's sequence is a list of input rows (embeddings) over a paged KV cache of its
-own: the prompt's rows (`talker_prompt.py`), then one row per step, made from the frame that
-step produced and the step's text (`trailing_id`). A call computes its stream's next rows
-(prefill chunks, or the one new row) and, at the last one, samples the frame:
+own: the prompt's rows (`talker_prompt.py`), then one row per step, made from the frame the
+step before produced and the step's text (`trailing_id`), once that text is written (the
+talker stream follows the answer token by token: `begin` adds the row when a step comes).
+A call computes its stream's next rows (prefill chunks, or the one new row) and, at the
+last one, samples the frame:
 
     hidden = talker(rows, positions, attention)               [rows, hidden]
     c0     = sample(codec_head(hidden[last]) without the specials but codec EOS)
@@ -39,12 +41,36 @@ from omniwalk.runtime.executor import NodeCall, NodeExecutor
 RESIDUAL_TOP_K, RESIDUAL_TOP_P = 50, 0.8
 
 
+@dataclass(frozen=True)
+class TalkerStart:
+    """The talker stream's first walk: its prompt (with the answer's text written so far)."""
+
+    prompt: TalkerPrompt
+    text_ended: bool
+
+
+@dataclass(frozen=True)
+class TextMore:
+    """A step for a new token of the answer (`ended`: the last one)."""
+
+    ids: tuple[int, ...]
+    ended: bool = False
+
+
+@dataclass(frozen=True)
+class TextEnd:
+    """The answer is complete: the decode loop's steps read tts_eos, then tts_pad."""
+
+
 @dataclass
 class TalkerSequence:
     prompt: TalkerPrompt
     rows: torch.Tensor                   # [num_rows, hidden]: every input row so far
+    trailing: list[int]                  # the decode steps' text as far as written (`trailing_id`)
+    text_ended: bool = False
     num_computed: int = 0                # rows whose keys and values are in the cache
     first_codes: list[int] = field(default_factory=list)   # one per frame: the penalties' history
+    frame_embeds: torch.Tensor | None = None   # the last frame's summed embeddings, until its step's text is known
 
     @property
     def step(self) -> int:
@@ -74,8 +100,22 @@ class TalkerExecutor(NodeExecutor):
 
     def begin(self, stream, inputs) -> None:
         codes = inputs["codes"]
-        if isinstance(codes, TalkerPrompt):
-            self.sequences[stream.handle] = TalkerSequence(codes, self._prompt_rows(codes))
+        if isinstance(codes, TalkerStart):
+            prompt = codes.prompt
+            self.sequences[stream.handle] = TalkerSequence(prompt, self._prompt_rows(prompt), list(prompt.trailing_ids),
+                                                           codes.text_ended)
+            return
+        sequence = self.sequences[stream.handle]
+        if isinstance(codes, TextMore):
+            sequence.trailing.extend(codes.ids)
+            sequence.text_ended = codes.ended
+        elif isinstance(codes, TextEnd):
+            sequence.text_ended = True
+        if sequence.frame_embeds is not None:   # the step's row: the last frame and the step's text
+            text = self._text_rows([trailing_id(sequence.trailing, sequence.step, self.config.prompt,
+                                                sequence.text_ended)])
+            sequence.rows = torch.cat([sequence.rows, sequence.frame_embeds[None].to(text.dtype) + text])
+            sequence.frame_embeds = None
 
     def pending_work(self, stream) -> int:
         sequence = self.sequences[stream.handle]
@@ -134,10 +174,9 @@ class TalkerExecutor(NodeExecutor):
         # commit only now: a batch that raised left every sequence as it was
         for sequence, n in zip(sequences, counts):
             sequence.num_computed += n
-        for sequence, item, next_row in updates:
+        for sequence, item, frame_embeds in updates:
             sequence.first_codes.append(item[0] if isinstance(item, tuple) else item)
-            if next_row is not None:
-                sequence.rows = torch.cat([sequence.rows, next_row[None]])
+            sequence.frame_embeds = frame_embeds   # the next step's row, once its text is known (`begin`)
         return outputs
 
     @property
@@ -145,7 +184,7 @@ class TalkerExecutor(NodeExecutor):
         return next(self.talker.parameters()).dtype
 
     def _frames(self, calls: list[NodeCall], sequences: list[TalkerSequence], last_hidden: torch.Tensor):
-        """(item, next input row or None) of each finished call: its frame, or codec EOS."""
+        """(item, its summed codec embeddings or None) of each finished call: its frame, or codec EOS."""
         params = [call.stream.params for call in calls]
         logits = self.talker.compute_logits(last_hidden)
         logits.index_fill_(1, self.suppressed, float("-inf"))
@@ -164,11 +203,8 @@ class TalkerExecutor(NodeExecutor):
         picked = [params[i] for i in speaking]
         frame = self.talker.predict_frame(last_hidden.index_select(0, index), first.index_select(0, index),
                                           self._residual_picker(picked, [sequences[i] for i in speaking]))
-        text = self._text_rows([trailing_id(sequences[i].prompt, sequences[i].step, self.config.prompt)
-                                for i in speaking])
-        next_rows = frame.summed_embeds.to(text.dtype) + text
         for k, (i, codes) in enumerate(zip(speaking, frame.codes.tolist())):
-            results[i] = (tuple(codes), next_rows[k])
+            results[i] = (tuple(codes), frame.summed_embeds[k])
         return results
 
     def _residual_picker(self, params, sequences: list[TalkerSequence]):

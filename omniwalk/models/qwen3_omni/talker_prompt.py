@@ -58,7 +58,7 @@ class TalkerPrompt:
     codec_ids: tuple[int, ...]
     media_rows: tuple[int, ...]
     media_positions: tuple[int, ...]
-    trailing_ids: tuple[int, ...]     # decode step j adds trailing_ids[j]; past the end: tts_pad
+    trailing_ids: tuple[int, ...]     # the text of decode steps 0, 1, ... known so far (`trailing_id`)
     rope_ids: tuple[int, ...]         # what the rotary positions read: the user rows' ids, then tts_pad
 
     def __len__(self) -> int:
@@ -107,14 +107,19 @@ def talker_prompt(prompt_ids: Sequence[int], answer_ids: Sequence[int], speaker:
     return TalkerPrompt(
         text_ids=tuple(text), codec_ids=tuple(codecs), media_rows=media_rows,
         media_positions=tuple(user[row] for row in media_rows),
-        trailing_ids=tuple(turn[4:]) + (tokens.tts_eos,),
+        trailing_ids=tuple(turn[4:]),
         rope_ids=tuple(prompt_ids[p] for p in user) + (tokens.tts_pad,) * (len(text) - len(user)),
     )
 
 
-def trailing_id(prompt: TalkerPrompt, step: int, tokens: TalkerPromptTokens) -> int:
-    """The id whose text part decode step `step` adds."""
-    return prompt.trailing_ids[step] if step < len(prompt.trailing_ids) else tokens.tts_pad
+def trailing_id(trailing: Sequence[int], step: int, tokens: TalkerPromptTokens, ended: bool = True) -> int:
+    """The id whose text part decode step `step` adds: `trailing[step]` (the turn's ids from
+    the 5th on, as far as written), then, once the text `ended`, tts_eos and tts_pad."""
+    if step < len(trailing):
+        return trailing[step]
+    if not ended:
+        raise ValueError(f"decode step {step} reads the answer's text past what is written ({len(trailing)} ids)")
+    return tokens.tts_eos if step == len(trailing) else tokens.tts_pad
 
 
 # ----------------------------------------------------------------------------- rows (tensors)
