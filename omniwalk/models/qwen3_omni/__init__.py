@@ -1,18 +1,25 @@
-"""Qwen3-Omni, part 1: the Thinker (audio, images and text in; text out).
+"""Qwen3-Omni: the Thinker (audio, images and text in; text out) and, in a full checkpoint,
+the Talker, its code predictor and Code2Wav (the answer spoken, 24 kHz).
 
-    config.py          ThinkerConfig from a qwen3_omni_moe checkpoint (full or thinker-only), tiny config
-    encoder_config.py  the audio and vision encoders' configs
-    audio_encoder.py   Whisper-like windowed audio encoder (`audio_tower.*`)
-    vision_encoder.py  ViT with deepstack outputs (`visual.*`)
-    thinker.py         the MoE language model with multimodal rotary positions
-    positions.py       a prompt's (t, h, w) rotary positions
-    media.py           decoding and preprocessing of images and audio (API side)
-    executors.py       the nodes: audio encoder, vision encoder, language model
-    model.py           walks, plan, served model
-    frontend.py        text generation with media in the prompt
-    loading.py         the loader spec
-
-Speech out (Talker, code predictor, Code2Wav) is part 2: those checkpoint tensors are skipped.
+    config.py            ThinkerConfig from a qwen3_omni_moe checkpoint (full or thinker-only), tiny config
+    encoder_config.py    the audio and vision encoders' configs
+    audio_encoder.py     Whisper-like windowed audio encoder (`audio_tower.*`)
+    vision_encoder.py    ViT with deepstack outputs (`visual.*`)
+    thinker.py           the MoE language model with multimodal rotary positions
+    positions.py         a prompt's (t, h, w) rotary positions
+    media.py             decoding and preprocessing of images and audio (API side)
+    executors.py         the nodes: audio encoder, vision encoder, language model
+    talker_config.py     the Talker's and code predictor's configs
+    talker.py            the Talker: MoE decoder (shared experts), Thinker projections, codec head
+    code_predictor.py    the code predictor: a frame's residual codes, inside each Talker step
+    talker_prompt.py     the Talker's prompt and per-step text, laid out from the Thinker's ids
+    code2wav_config.py   Code2Wav's config
+    code2wav.py          codec frames -> waveform, whole or in exact left-context chunks
+    speech_executors.py  the nodes: talker, code2wav
+    omni.py              the full checkpoint's module (thinker, talker, code2wav)
+    model.py             walks, plans, served model
+    frontend.py          text generation with media in the prompt, spoken answers
+    loading.py           the loader spec
 """
 
 from __future__ import annotations
