@@ -74,6 +74,7 @@ class GenerationRequest:
 class Usage:
     prompt_tokens: int
     output_tokens: int
+    audio_frames: int = 0     # a spoken answer's codec frames (`GenerationRequest.speech`)
 
 
 @dataclass(slots=True)   # one per running request per step
@@ -124,12 +125,11 @@ class TextOutputProcessor:
     """Text deltas by incremental detokenization, stop strings, and the final usage record."""
 
     def __init__(self, request_id: str, stream: str, prompt_token_ids: list[int], tokenizer, stop: list[str],
-                 eos_like: frozenset[int], reported_stop_ids: frozenset[int] = frozenset(),
-                 audio_stream: str | None = None):
+                 eos_like: frozenset[int], reported_stop_ids: frozenset[int] = frozenset()):
         self.request_id = request_id
         self.stream = stream
         self.tokens_key, self.logprobs_key = (stream, "tokens"), (stream, "logprobs")
-        self.audio_key = (audio_stream, "audio") if audio_stream is not None else None
+        self.audio_key = self.frames_stream = None   # a spoken answer's (`speaks`)
         self.text_finished = False
         self.prompt_token_ids = prompt_token_ids
         # without tokenizer files a model answers in ids only: there is no text to build
@@ -173,9 +173,14 @@ class TextOutputProcessor:
             chunk.finished = True
             chunk.finish_reason = self.text_finish_reason or out.finish_reason
             chunk.error = None if self.ends_request else out.error
-            chunk.usage = Usage(len(self.prompt_token_ids), self.num_ids)
+            chunk.usage = Usage(len(self.prompt_token_ids), self.num_ids, out.usage.get(self.frames_stream, 0))
             chunk.stop_reason = self._stop_reason(self.last_ids, chunk.finish_reason)
         return chunk
+
+    def speaks(self, frames_stream: str | None, audio_stream: str) -> None:
+        """The request's answer is spoken too: its chunks carry `audio_stream`'s samples, its
+        usage the frames `frames_stream` counted."""
+        self.frames_stream, self.audio_key = frames_stream, (audio_stream, "audio")
 
     def _stop_reason(self, ids: list[int], finish_reason: str) -> str | int | None:
         """The stop string matched, or the stop token id that ended the output (vLLM's

@@ -116,6 +116,7 @@ class Collected:
     num_prompt_tokens: int = 0
     stop_reason: str | int | None = None
     audio: list[bytes] = field(default_factory=list)   # a spoken answer's 16-bit PCM
+    audio_frames: int = 0
 
     def add(self, chunk: GenerationChunk) -> None:
         self.token_ids += chunk.token_ids
@@ -127,6 +128,7 @@ class Collected:
             self.finish_reason = chunk.finish_reason
             self.error = chunk.error
             self.stop_reason = chunk.stop_reason
+            self.audio_frames = chunk.usage.audio_frames if chunk.usage is not None else 0
 
 
 #: submits one engine request: (request, request id, event loop) -> its stream

@@ -335,9 +335,15 @@ def _token_text_cache(tokenizer):
     return token_text
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+def _usage(prompt_tokens: int, completion_tokens: int, audio_frames: int | None = None) -> dict:
+    """OpenAI's usage; a spoken answer's frames count as its audio tokens (`completion_tokens`
+    is text and audio together, as OpenAI counts them)."""
+    if audio_frames is None:
+        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens}
+    usage = _usage(prompt_tokens, completion_tokens + audio_frames)
+    usage["completion_tokens_details"] = {"text_tokens": completion_tokens, "audio_tokens": audio_frames}
+    return usage
 
 
 def _sse(payload: dict) -> str:
@@ -372,7 +378,8 @@ class _View:
         if failed:
             raise ApiError(500, failed[0].error or f"the request ended with {failed[0].finish_reason}")
         body = self._envelope(self.object_name, [self.choice(i, r) for i, r in enumerate(results)])
-        body["usage"] = _usage(self.prompt_tokens(), sum(len(r.token_ids) for r in results))
+        frames = sum(r.audio_frames for r in results) if getattr(self.body, "audio", None) is not None else None
+        body["usage"] = _usage(self.prompt_tokens(), sum(len(r.token_ids) for r in results), frames)
         return body
 
     async def events(self):

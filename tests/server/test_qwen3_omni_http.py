@@ -132,6 +132,8 @@ def test_spoken_answer_streamed_equals_not(client, frames):
     samples, rate = soundfile.read(io.BytesIO(wav), dtype="int16")
     assert rate == 24000 and len(samples) == frames * SAMPLES_PER_FRAME - LOOKAHEAD and np.abs(samples).max() > 0
     assert whole.choices[0].message.content is None and audio.transcript
+    details = whole.usage.completion_tokens_details
+    assert (details.text_tokens, details.audio_tokens) == (3, frames) and whole.usage.completion_tokens == 3 + frames
     pcm, transcript = b"", ""
     for event in spoken(client, frames, stream=True):
         for choice in event.choices:

@@ -94,9 +94,8 @@ class ThinkerTextFrontend(TextFrontend):
             AUDIO_STREAM: StreamParams(),
         }
         runtime_request = Request(prepared.request.request_id, dataclasses.replace(prompt, speaker=speaker), streams)
-        processor = prepared.processor
-        processor.audio_key = (AUDIO_STREAM, "audio")
-        return Prepared(runtime_request, processor, prepared.prompt_token_ids)
+        prepared.processor.speaks(TALKER_STREAM, AUDIO_STREAM)
+        return Prepared(runtime_request, prepared.processor, prepared.prompt_token_ids)
 
     def __init__(self, *, config: ThinkerConfig, image_processor: ImageProcessor, audio_processor: AudioProcessor,
                  **text):
