@@ -29,7 +29,7 @@ from starlette.responses import Response, StreamingResponse
 
 from omniwalk.api import Engine, RequestStream
 from omniwalk.capabilities import Capability
-from omniwalk.capabilities.text import GenerationChunk, GenerationRequest
+from omniwalk.capabilities.text import GenerationChunk, GenerationRequest, SpeechOutput
 from omniwalk.engine.causal_lm_executor import TokenLogprobs
 from omniwalk.runtime import QueueFullError
 from omniwalk.server.media import MediaOptions, MediaRef, load_media, name_the_item
@@ -64,6 +64,22 @@ class ServerContext:
         """A speech model without text generation: the text routes point to the speech route."""
         capabilities = self.engine.capabilities
         return Capability.SPEECH in capabilities and Capability.TEXT not in capabilities
+
+    @property
+    def audio_sample_rate(self) -> int | None:
+        return self.engine.frontend(Capability.TEXT).audio_sample_rate
+
+    def speech_output(self, voice: str, max_frames: int | None, field: str) -> SpeechOutput:
+        """A spoken answer in `voice`, checked against the model's voices (400s name `field`)."""
+        voices = self.engine.frontend(Capability.TEXT).voices
+        if not voices:
+            raise ApiError(400, "this model does not produce audio (it has no Talker): ask for text only", field)
+        if voice.lower() not in voices:
+            raise ApiError(400, f"unknown voice {voice!r}; this model has {', '.join(voices)}", f"{field}.voice")
+        try:
+            return SpeechOutput(voice, max_frames)
+        except ValueError as exc:
+            raise ApiError(400, f"{field}.{exc}", f"{field}.max_frames") from None
 
     def check_generates_text(self) -> None:
         if self.produces_speech:

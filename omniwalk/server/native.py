@@ -10,6 +10,9 @@ Streamed answer (`"stream": true`): NDJSON, one line per engine chunk
     {"id", "token_ids", "text"}                               (+ "logprobs")
     ... the last line adds "finish_reason" and "usage", and "error" when the request failed
 
+Spoken answers (`"speech": {"voice", "max_frames"}` on a model with voices): the answer and
+each line add "audio", base64 16-bit mono PCM at "sample_rate", and usage "audio_frames".
+
 The joined `text` of the lines equals the non-streamed text, and the joined `token_ids`
 the non-streamed ids, for the same request and seed.
 
@@ -24,8 +27,10 @@ On a speech model `build_app` registers speech.py's /generate instead (audio as 
 
 from __future__ import annotations
 
+import base64
 import json
 import uuid
+from dataclasses import replace
 
 from fastapi import APIRouter, Request
 
@@ -46,11 +51,14 @@ def native_router(ctx: ServerContext) -> APIRouter:
     @router.post("/generate")
     async def generate(body: GenerateRequest, request: Request):
         prompt, media = generate_prompt(body, ctx.media_markers)
-        generation = await ctx.submit_with_media([to_generation_request(body, prompt)], f"gen-{uuid.uuid4().hex}",
-                                                 media, client_fields(body))
+        engine_request = to_generation_request(body, prompt)
+        if body.speech is not None:
+            engine_request = replace(engine_request, speech=ctx.speech_output(body.speech.voice, body.speech.max_frames,
+                                                                            "speech"))
+        generation = await ctx.submit_with_media([engine_request], f"gen-{uuid.uuid4().hex}", media, client_fields(body))
         if body.stream:
-            return AbortingStreamingResponse(_ndjson(generation, body.logprobs is not None), generation,
-                                             media_type="application/x-ndjson")
+            return AbortingStreamingResponse(_ndjson(generation, body.logprobs is not None, body.speech is not None),
+                                             generation, media_type="application/x-ndjson")
         try:
             [result] = await until_disconnected(request, generation)
         except ClientDisconnected:
@@ -66,6 +74,9 @@ def native_router(ctx: ServerContext) -> APIRouter:
         }
         if body.logprobs is not None:
             answer["logprobs"] = [_logprobs_json(lp) for lp in result.logprobs]
+        if body.speech is not None:
+            answer.update(audio=base64.b64encode(b"".join(result.audio)).decode(), sample_rate=ctx.audio_sample_rate)
+            answer["usage"]["audio_frames"] = result.audio_frames
         return answer
 
     return router
@@ -112,18 +123,22 @@ def client_fields(body: GenerateRequest) -> ClientFields:
     return ClientFields.of(body, max_tokens="max_output_tokens")
 
 
-async def _ndjson(generation: Generation, with_logprobs: bool):
+async def _ndjson(generation: Generation, with_logprobs: bool, spoken: bool):
     async for _, chunk in generation.chunks():
-        yield json.dumps(_line(generation.request_id, chunk, with_logprobs)) + "\n"
+        yield json.dumps(_line(generation.request_id, chunk, with_logprobs, spoken)) + "\n"
 
 
-def _line(request_id: str, chunk: GenerationChunk, with_logprobs: bool) -> dict:
+def _line(request_id: str, chunk: GenerationChunk, with_logprobs: bool, spoken: bool = False) -> dict:
     line = {"id": request_id, "token_ids": chunk.token_ids, "text": chunk.text}
     if with_logprobs:
         line["logprobs"] = [_logprobs_json(lp) for lp in chunk.logprobs]
+    if spoken:
+        line["audio"] = base64.b64encode(chunk.audio).decode()
     if chunk.finished:
         line["finish_reason"] = chunk.finish_reason
         line["usage"] = {"prompt_tokens": chunk.usage.prompt_tokens, "output_tokens": chunk.usage.output_tokens}
+        if spoken:
+            line["usage"]["audio_frames"] = chunk.usage.audio_frames
         if chunk.error:
             line["error"] = chunk.error
     return line

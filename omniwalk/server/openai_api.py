@@ -194,15 +194,10 @@ AUDIO_KEPT_S = 3600
 
 def _speech(ctx: ServerContext, body: ChatCompletionRequest) -> SpeechOutput:
     """The spoken answer a chat request asks for, checked against the model's voices."""
-    voices = ctx.engine.frontend(Capability.TEXT).voices
-    if not voices:
-        raise ApiError(400, "this model does not produce audio; ask for modalities [\"text\"]", "modalities")
-    if body.audio.voice.lower() not in voices:
-        raise ApiError(400, f"unknown voice {body.audio.voice!r}; this model has {', '.join(voices)}", "audio.voice")
-    try:
-        return SpeechOutput(body.audio.voice, body.audio.max_frames)
-    except ValueError as exc:
-        raise ApiError(400, f"audio.{exc}", "audio.max_frames") from None
+    if not ctx.engine.frontend(Capability.TEXT).voices:
+        raise ApiError(400, "this model does not produce audio (it has no Talker); ask for modalities [\"text\"]",
+                       "modalities")
+    return ctx.speech_output(body.audio.voice, body.audio.max_frames, "audio")
 
 
 def _check_n(ctx: ServerContext, total: int) -> None:
@@ -486,7 +481,7 @@ class _ChatView(_View):
     def __init__(self, *args):
         super().__init__(*args)
         if self.body.audio is not None:
-            self.sample_rate = self.ctx.engine.frontend(Capability.TEXT).audio_sample_rate
+            self.sample_rate = self.ctx.audio_sample_rate
             self.expires_at = self.created + AUDIO_KEPT_S
 
     def audio_id(self, index: int) -> str:

@@ -118,6 +118,13 @@ def _has_lone_surrogate(value: Any) -> bool:
 # ----------------------------------------------------------------------------- native
 
 
+class GenerateSpeech(_Strict):
+    """`speech` of POST /generate: speak the answer in `voice`, at most `max_frames` frames."""
+
+    voice: str
+    max_frames: int | None = None
+
+
 class GenerateRequest(_Strict):
     """POST /generate. Exactly one of `prompt` / `prompt_token_ids`. Greedy unless told."""
 
@@ -141,6 +148,8 @@ class GenerateRequest(_Strict):
     # media (data: URLs, or paths under --allowed-local-media-path); a text prompt only
     images: list[str] | None = None
     audios: list[str] | None = None
+    # the answer spoken too (a model with voices): {"voice", "max_frames"}
+    speech: GenerateSpeech | None = None
 
 
 # ----------------------------------------------------------------------------- OpenAI

@@ -5,6 +5,7 @@ names it and leaves the others alone, and a disconnect gives every page back."""
 from __future__ import annotations
 
 import base64
+import json
 import io
 from concurrent.futures import ThreadPoolExecutor
 
@@ -157,3 +158,16 @@ def test_bad_spoken_requests_are_400s(server, body, param):
         "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **body})
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param
+
+
+def test_generate_speaks(server, client):
+    body = {"prompt": "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", "max_output_tokens": 3,
+            "ignore_eos": True, "seed": 7, "speech": {"voice": "AIDEN", "max_frames": 5}}
+    whole = httpx.post(server.url + "/generate", json=body, timeout=60).json()
+    pcm = base64.b64decode(whole["audio"])
+    assert whole["sample_rate"] == 24000 and len(pcm) == 2 * (5 * SAMPLES_PER_FRAME - LOOKAHEAD)
+    assert whole["usage"] == {"prompt_tokens": whole["usage"]["prompt_tokens"], "output_tokens": 3, "audio_frames": 5}
+    lines = [json.loads(line) for line in httpx.post(server.url + "/generate", json={**body, "stream": True},
+                                                      timeout=60).text.splitlines()]
+    assert b"".join(base64.b64decode(line["audio"]) for line in lines) == pcm
+    assert sum((line["token_ids"] for line in lines), []) == whole["token_ids"]
