@@ -115,7 +115,13 @@ def speech_router(ctx: ServerContext) -> APIRouter:
 
 
 def no_speech_router(ctx: ServerContext) -> APIRouter:
-    """POST /v1/audio/speech on a model without speech: a 400 in the OpenAI envelope."""
+    """POST /v1/audio/speech on a model without speech: a 400 in the OpenAI envelope. A
+    model that speaks its own answers (Qwen3-Omni: the Talker voices what the Thinker
+    writes) is not a reader of given text: the 400 says where its audio is."""
+    text = Capability.TEXT in ctx.engine.capabilities
+    if text and ctx.engine.frontend(Capability.TEXT).voices:
+        return unsupported_route_router(ctx, "/audio/speech", "speaks its own chat answers, it does not read a given "
+                                        "text aloud: ask /v1/chat/completions with modalities [\"text\", \"audio\"]")
     return unsupported_route_router(ctx, "/audio/speech", "does not produce speech")
 
 

@@ -171,3 +171,8 @@ def test_generate_speaks(server, client):
                                                       timeout=60).text.splitlines()]
     assert b"".join(base64.b64decode(line["audio"]) for line in lines) == pcm
     assert sum((line["token_ids"] for line in lines), []) == whole["token_ids"]
+
+
+def test_audio_speech_route_says_where_the_audio_is(server):
+    response = httpx.post(server.url + "/v1/audio/speech", json={"model": MODEL, "input": "hi", "voice": "ethan"})
+    assert response.status_code == 400 and "chat/completions" in response.json()["error"]["message"]
