@@ -195,3 +195,25 @@ def test_audio_starts_while_the_text_is_written(speaking_engine):
     last_text = max(i for i, c in enumerate(chunks) if c.token_ids)
     assert first_audio < last_text
     assert sum(len(c.token_ids) for c in chunks) == 16 and sum(len(c.audio) for c in chunks) == 2 * samples(8)
+
+
+def test_cancel_mid_speech_frees_every_component(speaking_engine):
+    import time
+
+    from omniwalk.capabilities.text import GenerationRequest, SpeechOutput
+
+    executors = speaking_engine.model.executors
+    caches = [executors["thinker"].cache, executors["talker"].cache]
+    used_before = [cache.allocator.num_used for cache in caches]
+    stream = speaking_engine.submit(GenerationRequest(prompt_token_ids=PROMPT, max_tokens=60, ignore_eos=True,
+                                                      speech=SpeechOutput("ethan", 200)))
+    for chunk in stream:
+        if chunk.audio:   # speaking: the Talker and Code2Wav are at work
+            break
+    assert caches[1].allocator.num_used > used_before[1]
+    speaking_engine.abort(stream.request_id)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (executors["talker"].sequences or caches[1].allocator.num_used):
+        time.sleep(0.05)
+    assert not executors["talker"].sequences and not executors["thinker"].sequences
+    assert [cache.allocator.num_used for cache in caches] == [used_before[0], 0]
