@@ -203,3 +203,29 @@ def test_qwen3_omni_greedy_ids_cuda_equal_cpu():
     finally:
         SparseMoeBlock.backend = None
     assert [len(i) for i in ids] == [24] * len(prompts)
+
+
+def test_qwen3_omni_speaks_on_cuda_as_on_cpu():
+    """tiny-qwen3-omni's spoken answers (Talker with its MoE and code predictor, Code2Wav in
+    chunks) on CUDA against the CPU, fp32, greedy: the same text and frames, samples close;
+    then bf16 keeps both budgets."""
+    from omniwalk.capabilities.text import SpeechOutput, collect_generation
+
+    greedy = SamplingParams(temperature=0.0)
+
+    def speak(engine):
+        prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": "Say hi"}], tokenize=False,
+                                                      add_generation_prompt=True)
+        streams = [engine.submit(GenerationRequest(prompt=prompt, max_tokens=8 + i, ignore_eos=True, sampling=greedy,
+                                                   speech=SpeechOutput(voice, 12 + 5 * i, greedy)))
+                   for i, voice in enumerate(("ethan", "chelsie"))]
+        results = [collect_generation(s) for s in streams]
+        return [r.token_ids for r in results], [np.frombuffer(r.audio, "<i2").astype(np.float32) for r in results]
+
+    cpu_ids, cpu_audio = run_on("cpu", "tiny-qwen3-omni", speak)
+    cuda_ids, cuda_audio = run_on("cuda", "tiny-qwen3-omni", speak)
+    assert cuda_ids == cpu_ids
+    assert [a.shape for a in cuda_audio] == [a.shape for a in cpu_audio]
+    assert all(np.abs(a - b).max() <= 64 for a, b in zip(cuda_audio, cpu_audio))   # 64 / 32767: 0.2 %
+    ids, audio = run_on("cuda", "tiny-qwen3-omni", speak, dtype="bfloat16")
+    assert [len(i) for i in ids] == [8, 9] and [a.size for a in audio] == [a.size for a in cpu_audio]
