@@ -14,14 +14,9 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
+from omniwalk.models.qwen3_omni.encoder_config import check_positive
+
 SAMPLE_RATE = 24_000   # Hz of the waveform; not in the HF config (the processor states it)
-
-
-def _check_positive(config, names: tuple[str, ...]) -> None:
-    for name in names:
-        value = getattr(config, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -53,11 +48,11 @@ class Code2WavConfig:
     def __post_init__(self):
         object.__setattr__(self, "upsampling_ratios", tuple(self.upsampling_ratios))
         object.__setattr__(self, "upsample_rates", tuple(self.upsample_rates))
-        _check_positive(self, ("codebook_size", "num_quantizers", "hidden_size", "num_hidden_layers",
+        check_positive(self, ("codebook_size", "num_quantizers", "hidden_size", "num_hidden_layers",
                                "num_attention_heads", "num_key_value_heads", "intermediate_size",
                                "sliding_window", "decoder_dim", "sample_rate"))
         if self.head_dim is not None:
-            _check_positive(self, ("head_dim",))
+            check_positive(self, ("head_dim",))
         if self.hidden_act != "silu":
             raise ValueError(f"unsupported hidden_act {self.hidden_act!r} (Code2Wav's MLP is SiLU-gated)")
         if self.num_attention_heads % self.num_key_value_heads:

@@ -13,12 +13,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from omniwalk.layers.config import DecoderConfig, decoder_config_from_hf
+from omniwalk.layers.config import DecoderConfig
 from omniwalk.models.qwen3_omni.encoder_config import AudioEncoderConfig, VisionEncoderConfig
 from omniwalk.models.qwen3_omni.code2wav_config import Code2WavConfig
 from omniwalk.models.qwen3_omni.media import AudioSettings, ImageSettings
 from omniwalk.models.qwen3_omni.talker_config import (
-    TalkerConfig, TalkerMediaTokens, TalkerPromptTokens, tiny_talker_config,
+    TalkerConfig, TalkerMediaTokens, TalkerPromptTokens, text_decoder_from_hf, tiny_talker_config,
 )
 
 #: the text that marks one media item's place in a prompt (Qwen3-Omni's chat template)
@@ -110,19 +110,13 @@ class ThinkerConfig:
 def thinker_config_from_hf(hf: dict[str, Any]) -> ThinkerConfig:
     """ThinkerConfig from a `qwen3_omni_moe` (full) or `qwen3_omni_moe_thinker` config.json dict."""
     thinker = hf.get("thinker_config", hf)
-    text = dict(thinker["text_config"])
-    rope = dict(text.get("rope_parameters") or text.get("rope_scaling") or {})
-    if rope.get("rope_type", rope.get("type", "default")) not in ("default", "mrope"):
-        raise ValueError(f"rope_type {rope.get('rope_type')!r} is not supported for the Qwen3-Omni Thinker")
-    text["rope_parameters"] = {"rope_type": "default", "rope_theta": rope.get("rope_theta", text.get("rope_theta", 1e6))}
-    text.pop("rope_scaling", None)
-    if text.get("sliding_window") and text.get("use_sliding_window"):
-        raise ValueError("sliding-window attention is not supported")
+    text = thinker["text_config"]
+    decoder, rope = text_decoder_from_hf(text, "Thinker")
     ids = thinker
     audio = AudioEncoderConfig.from_hf(thinker.get("audio_config") or {})
     vision = VisionEncoderConfig.from_hf(thinker.get("vision_config") or {})
     return ThinkerConfig(
-        text=decoder_config_from_hf(text, qk_norm=True),
+        text=decoder,
         num_experts=text["num_experts"],
         num_experts_per_tok=text["num_experts_per_tok"],
         moe_intermediate_size=text["moe_intermediate_size"],

@@ -30,7 +30,7 @@ def _known_keys(cls, d: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in d.items() if key in names}
 
 
-def _check_positive(config, names: tuple[str, ...]) -> None:
+def check_positive(config, names: tuple[str, ...]) -> None:
     for name in names:
         value = getattr(config, name)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -56,7 +56,7 @@ class AudioEncoderConfig:
     output_dim: int = 3584              # the Thinker's hidden size
 
     def __post_init__(self):
-        _check_positive(self, ("num_mel_bins", "d_model", "encoder_layers", "encoder_attention_heads",
+        check_positive(self, ("num_mel_bins", "d_model", "encoder_layers", "encoder_attention_heads",
                                "encoder_ffn_dim", "max_source_positions", "n_window", "n_window_infer",
                                "conv_chunksize", "downsample_hidden_size", "output_dim"))
         if self.d_model % self.encoder_attention_heads:
@@ -132,7 +132,7 @@ class VisionEncoderConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "deepstack_visual_indexes", tuple(self.deepstack_visual_indexes))
-        _check_positive(self, ("depth", "hidden_size", "intermediate_size", "num_heads", "in_channels",
+        check_positive(self, ("depth", "hidden_size", "intermediate_size", "num_heads", "in_channels",
                                "patch_size", "spatial_merge_size", "temporal_patch_size", "out_hidden_size",
                                "num_position_embeddings"))
         if self.hidden_size % self.num_heads:

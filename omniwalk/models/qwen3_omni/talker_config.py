@@ -83,7 +83,7 @@ class CodePredictorConfig:
     @staticmethod
     def from_hf(hf: dict[str, Any], num_code_groups: int = 32) -> "CodePredictorConfig":
         """From a `code_predictor_config` dict; `num_code_groups`: the Talker's, if the dict lacks it."""
-        decoder, _ = _decoder_from_hf(hf, "code predictor")
+        decoder, _ = text_decoder_from_hf(hf, "code predictor")
         return CodePredictorConfig(decoder=decoder, num_code_groups=hf.get("num_code_groups", num_code_groups))
 
 
@@ -147,7 +147,7 @@ class TalkerConfig:
         return talker_config_from_hf(hf)
 
 
-def _decoder_from_hf(sub: dict[str, Any], what: str) -> tuple[DecoderConfig, dict]:
+def text_decoder_from_hf(sub: dict[str, Any], what: str) -> tuple[DecoderConfig, dict]:
     """DecoderConfig of a text sub-config with the rope type checked (mrope reads as default
     rope, its sections apart); also the rope dict as read."""
     sub = dict(sub)
@@ -166,7 +166,7 @@ def talker_config_from_hf(hf: dict[str, Any]) -> TalkerConfig:
     the chat token ids then take Qwen3-Omni's values)."""
     talker = hf.get("talker_config", hf)
     text_hf = talker["text_config"]
-    text, rope = _decoder_from_hf(text_hf, "Talker")
+    text, rope = text_decoder_from_hf(text_hf, "Talker")
     num_code_groups = talker.get("num_code_groups", 32)
     prompt_defaults = TalkerPromptTokens()
     return TalkerConfig(
