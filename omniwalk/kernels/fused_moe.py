@@ -297,7 +297,6 @@ def _fused_moe_gemv(x, topk_weights, topk_ids, gate_up_proj, down_proj, tiles: M
     num_pairs, (num_tokens, hidden), intermediate = topk_ids.shape[0], x.shape, down_proj.shape[2]
     activation = torch.empty((num_pairs, intermediate), dtype=x.dtype, device=x.device)
     by_pair = torch.empty((num_pairs, hidden), dtype=x.dtype, device=x.device)
-    ieee = x.dtype == torch.float32
     for a, weight, out, n, k, divisor, gated, config in (
             (x, gate_up_proj, activation, intermediate, hidden, top_k, True, tiles.up),
             (activation, down_proj, by_pair, hidden, intermediate, 1, False, tiles.down)):
