@@ -28,8 +28,8 @@ def talker_config(model) -> TalkerConfig:
     return TalkerConfig.from_hf(model.config.to_dict())
 
 
-def hf_speak(model, prompt, eos: int, max_new_tokens: int = 8):
-    """transformers' generate, with what it hands its Talker captured."""
+def hf_speak(model, prompt, eos: int, max_new_tokens: int = 8, talker_tokens: int = 12):
+    """transformers' generate: (answer ids, wav, what it handed its Talker)."""
     captured = {}
     talker_generate = model.talker.generate
 
@@ -40,23 +40,30 @@ def hf_speak(model, prompt, eos: int, max_new_tokens: int = 8):
     model.talker.generate = spy
     try:
         sequences, wav = model.generate(input_ids=torch.tensor([prompt]), thinker_max_new_tokens=max_new_tokens,
-                                        thinker_eos_token_id=eos, talker_max_new_tokens=12, talker_do_sample=False,
-                                        talker_repetition_penalty=1.0, speaker="Ethan")
+                                        thinker_eos_token_id=eos, talker_max_new_tokens=talker_tokens,
+                                        talker_do_sample=False, talker_repetition_penalty=1.0, speaker="Ethan")
     finally:
         model.talker.generate = talker_generate
-    return sequences[0, len(prompt):].tolist(), captured
+    return sequences[0, len(prompt):].tolist(), wav, captured
+
+
+@pytest.fixture(scope="module")
+def hf_spoken(hf_model):
+    """An answer that ends on its stop token (the first run's 4th token made the EOS of the
+    second), its 39 greedy frames' audio, and the Talker's inputs."""
+    answer, _, _ = hf_speak(hf_model, PROMPT, eos=281, talker_tokens=2)
+    eos = answer[3]
+    answer, wav, captured = hf_speak(hf_model, PROMPT, eos=eos, talker_tokens=40)
+    assert answer[-1] == eos and eos not in answer[:-1]
+    return answer, wav, captured
 
 
 def text_part(model, ids):
     return model.talker.text_projection(model.thinker.get_input_embeddings()(torch.tensor(ids)))
 
 
-def test_talker_prompt_is_what_transformers_feeds_its_talker(hf_model):
-    # the answer ends on an "EOS" it produces: pick its 4th token as the EOS of a second run
-    answer, _ = hf_speak(hf_model, PROMPT, eos=281)
-    eos = answer[3]
-    answer, captured = hf_speak(hf_model, PROMPT, eos=eos)
-    assert answer[-1] == eos and eos not in answer[:-1]
+def test_talker_prompt_is_what_transformers_feeds_its_talker(hf_model, hf_spoken):
+    answer, _, captured = hf_spoken
     config = talker_config(hf_model)
     tokens = config.prompt
     prompt = talker_prompt(PROMPT, answer[:-1], SPEAKERS["ethan"], config)   # the client's answer: no EOS
@@ -96,17 +103,13 @@ def speak(engine, prompt, max_tokens, max_frames, stop_token_ids=(), **kw):
     return collect_generation(engine.submit(request))
 
 
-def test_speech_equals_transformers(hf_model, speaking_engine):
+def test_speech_equals_transformers(hf_spoken, speaking_engine):
     """Greedy text and audio of transformers' generate(return_audio=True) (Talker greedy, no
     repetition penalty), for an answer that ends on its stop token."""
-    answer, _ = hf_speak(hf_model, PROMPT, eos=281)
-    eos = answer[3]
-    torch.manual_seed(0)
-    sequences, wav = hf_model.generate(input_ids=torch.tensor([PROMPT]), thinker_max_new_tokens=8,
-                                       thinker_eos_token_id=eos, talker_max_new_tokens=40, talker_do_sample=False,
-                                       talker_repetition_penalty=1.0, speaker="Ethan")
+    answer, wav, _ = hf_spoken
+    eos = answer[-1]
     result = speak(speaking_engine, PROMPT, 8, 39, stop_token_ids=[eos])
-    assert result.token_ids == sequences[0, len(PROMPT):].tolist()
+    assert result.token_ids == answer
     ours = np.frombuffer(result.audio, "<i2").astype(np.float32) / 32767
     expected = wav.reshape(-1).numpy()
     assert ours.shape == expected.shape and expected.size > 0
