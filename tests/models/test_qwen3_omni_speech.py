@@ -124,14 +124,15 @@ def samples(frames: int) -> int:
     return emitted_samples(Code2WavConfig.from_hf(full_hf_config().to_dict()), frames)
 
 
-@pytest.mark.parametrize("frames", [1, 2, 3, 9])
-def test_frame_budget_is_exact_streamed_and_not(speaking_engine, frames):
+@pytest.mark.parametrize("tokens, frames", [(1, 1), (2, 2), (3, 3), (64, 9), (5, 64)])
+def test_budgets_are_exact_streamed_and_not(speaking_engine, tokens, frames):
     from omniwalk.capabilities.text import GenerationRequest, SpeechOutput
     from omniwalk.engine.sampler import SamplingParams
 
-    alone = speak(speaking_engine, PROMPT, 5, frames, ignore_eos=True)
-    assert len(alone.token_ids) == 5 and len(alone.audio) == 2 * samples(frames)
-    request = GenerationRequest(prompt_token_ids=PROMPT, max_tokens=5, ignore_eos=True,
+    alone = speak(speaking_engine, PROMPT, tokens, frames, ignore_eos=True)
+    assert len(alone.token_ids) == tokens and len(alone.audio) == 2 * samples(frames)
+    assert alone.usage.audio_frames == frames
+    request = GenerationRequest(prompt_token_ids=PROMPT, max_tokens=tokens, ignore_eos=True,
                                 sampling=SamplingParams(temperature=0.0),
                                 speech=SpeechOutput("ethan", frames, sampling=SamplingParams(temperature=0.0)))
     chunks = list(speaking_engine.submit(request))
@@ -149,14 +150,18 @@ def test_text_only_on_a_speaking_model_and_mixed_batches(speaking_engine):
                                                                         ignore_eos=True)))
     spoken = speak(speaking_engine, PROMPT, 6, 7, ignore_eos=True)
     assert plain.audio == b"" and spoken.token_ids == plain.token_ids
-    sampled = [GenerationRequest(prompt_token_ids=PROMPT[:-3] + [280, 283, 12 + i], max_tokens=3 + i, ignore_eos=True,
-                                 sampling=SamplingParams(temperature=1.0, seed=i),
-                                 speech=SpeechOutput(voice, 4 + i, sampling=SamplingParams(temperature=0.9, seed=i)))
-               for i, voice in enumerate(["ethan", "Chelsie", "AIDEN"])]
-    alone = [collect_generation(speaking_engine.submit(r)) for r in sampled]
-    together = [collect_generation(s) for s in [speaking_engine.submit(r) for r in sampled]]
+    # 16 requests, text-only and speaking, sampled, in three voices
+    voices = ["ethan", "Chelsie", "AIDEN", None]
+    mixed = [GenerationRequest(prompt_token_ids=PROMPT[:-3] + [280, 283, 12 + i], max_tokens=3 + i % 5, ignore_eos=True,
+                               sampling=SamplingParams(temperature=1.0, seed=i),
+                               speech=None if voices[i % 4] is None else
+                               SpeechOutput(voices[i % 4], 4 + i % 3, sampling=SamplingParams(temperature=0.9)))
+             for i in range(16)]
+    alone = [collect_generation(speaking_engine.submit(r)) for r in mixed]
+    together = [collect_generation(s) for s in [speaking_engine.submit(r) for r in mixed]]
     assert [(r.token_ids, r.audio) for r in together] == [(r.token_ids, r.audio) for r in alone]
-    assert all(len(r.audio) == 2 * samples(4 + i) for i, r in enumerate(alone))
+    assert [len(r.audio) for r in alone] == [0 if voices[i % 4] is None else 2 * samples(4 + i % 3)
+                                             for i in range(16)]
 
 
 @pytest.mark.parametrize("speech, message", [
