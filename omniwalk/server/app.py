@@ -43,16 +43,24 @@ import errno
 import logging
 import socket
 import time
+import uuid
+from dataclasses import replace
 from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from omniwalk.api import Engine
 from omniwalk.capabilities import Capability
-from omniwalk.server.generation import ServerContext
+from omniwalk.server.connections import (
+    connections_within, install_loop_error_limiter, raise_open_file_limit, uvicorn_config,
+)
+from omniwalk.server.generation import DEFAULT_FRONTEND_THREADS, ServerContext, default_model_name
+from omniwalk.server.guard import RequestGuard
+from omniwalk.server.limits import RETRY_AFTER_S, ServerLimits
 from omniwalk.server.media import DEFAULT_MAX_MEDIA_BYTES, MediaOptions
 from omniwalk.server.metrics import ServerMetrics
 from omniwalk.server.native import native_router
@@ -67,13 +75,17 @@ HEALTH_STALL_SECONDS = 30.0
 
 
 def build_app(engine: Engine, served_model_name: str | None = None,
-              stall_seconds: float = HEALTH_STALL_SECONDS, media: MediaOptions | None = None) -> FastAPI:
+              stall_seconds: float = HEALTH_STALL_SECONDS, media: MediaOptions | None = None,
+              limits: ServerLimits | None = None, frontend_threads: int = DEFAULT_FRONTEND_THREADS) -> FastAPI:
     """An app serving `engine`. It does not own the engine: shut that down yourself.
-    `media`: where request media may come from and how large (default: data: URLs, 20 MiB)."""
+    `media`: where request media may come from and how large (default: data: URLs, 20 MiB);
+    `limits`: what a client may ask (body sizes, n, audio length, origins, hosts: limits.py);
+    `frontend_threads`: the threads that tokenize and decode off the event loop."""
     capabilities = engine.capabilities
-    ctx = ServerContext(engine, ServerMetrics(engine), served_model_name or engine.loaded.name,
-                        media or MediaOptions())
-    app = FastAPI(title="omniwalk", version="0.1.0")
+    limits = limits or ServerLimits()
+    ctx = ServerContext(engine, ServerMetrics(engine), served_model_name or default_model_name(engine.loaded.name),
+                        media or MediaOptions(), limits, frontend_threads)
+    app = FastAPI(title="omniwalk", version="0.1.0", lifespan=_lifespan(ctx))
     app.state.ctx = ctx
     app.include_router(speech_generate_router(ctx) if ctx.produces_speech else native_router(ctx))
     app.include_router(openai_router(ctx))
@@ -82,7 +94,27 @@ def build_app(engine: Engine, served_model_name: str | None = None,
     app.include_router(transcription_router(ctx) if transcription else no_transcription_router(ctx))
     _add_operations(app, ctx, stall_seconds)
     _add_error_handlers(app, ctx)
+    if limits.allowed_origins:   # their pages' preflights and reads (others are refused by the guard)
+        app.add_middleware(CORSMiddleware, allow_origins=list(limits.allowed_origins), allow_methods=["*"],
+                           allow_headers=["*"], expose_headers=["*"])
+    app.add_middleware(RequestGuard, limits=limits)   # the outermost: before CORS and the routes
     return app
+
+
+def _lifespan(ctx: ServerContext, then=None):
+    """The app's lifespan: event-loop errors (failing accepts) rate-limited in the log while
+    it serves; the frontend threads stopped after, then `then()` (serve: the engine)."""
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        install_loop_error_limiter()
+        try:
+            yield
+        finally:
+            ctx.close()
+            if then is not None:
+                then()
+
+    return lifespan
 
 
 def _add_operations(app: FastAPI, ctx: ServerContext, stall_seconds: float) -> None:
@@ -105,18 +137,14 @@ def _add_operations(app: FastAPI, ctx: ServerContext, stall_seconds: float) -> N
         return Response(ctx.metrics.render(), media_type=ctx.metrics.content_type)
 
 
-# seconds a client told 429 (queue full) should wait before retrying: a closed-loop
-# request of a few hundred tokens frees its slot in about that long
-RETRY_AFTER_S = 1
-
-
 def _add_error_handlers(app: FastAPI, ctx: ServerContext) -> None:
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError):
         headers = None
+        if exc.status in (429, 503):
+            headers = {"Retry-After": str(RETRY_AFTER_S)}   # what well-behaved clients wait for
         if exc.status == 429:
             ctx.metrics.count("rejected")
-            headers = {"Retry-After": str(RETRY_AFTER_S)}   # what well-behaved clients wait for
         elif exc.status < 500:
             ctx.metrics.count("invalid")
         return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
@@ -135,13 +163,16 @@ def _add_error_handlers(app: FastAPI, ctx: ServerContext) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
-        return JSONResponse(error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code,
-                            headers=getattr(exc, "headers", None))
+        return JSONResponse(error_body(exc.status_code, str(exc.detail), getattr(exc, "param", None)),
+                            status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception):
-        logger.exception("unhandled error on %s", request.url.path)
-        return JSONResponse(error_body(500, f"internal error: {type(exc).__name__}: {exc}"), status_code=500)
+        """The client learns that it failed and the id to quote; what failed goes to the log only."""
+        error_id = f"err-{uuid.uuid4().hex[:16]}"
+        logger.error("internal error %s on %s %s", error_id, request.method, request.url.path, exc_info=exc)
+        return JSONResponse(error_body(500, f"internal error (request id {error_id})"), status_code=500,
+                            headers={"X-Request-Id": error_id})
 
 
 def _describe(error: dict) -> dict:
@@ -193,7 +224,9 @@ def serve(args) -> None:
     host, port = getattr(args, "host", "127.0.0.1"), getattr(args, "port", 8000)
     engine_args = EngineArgs(**{name: getattr(args, name) for name in EngineArgs.__dataclass_fields__
                                 if hasattr(args, name)})
-    media = media_options(args)   # bad flags fail before the model loads
+    media, limits = media_options(args), server_limits(args)   # bad flags fail before the model loads
+    limits = replace(limits, max_connections=connections_within(limits, raise_open_file_limit()))
+    _warn_if_media_exceed_the_body_limit(media, limits)
     sock = bind_socket(host, port)
     try:
         engine = Engine(engine_args)
@@ -201,16 +234,19 @@ def serve(args) -> None:
         sock.close()
         raise
     loaded = engine.loaded
-    name = getattr(args, "served_model_name", None) or loaded.name
+    name = getattr(args, "served_model_name", None) or default_model_name(loaded.name)
     logger.info("serving %r as %r on http://%s:%d: %s on %s, context %d tokens, KV cache %d tokens (%d pages of "
                 "%d); engine loop %s", loaded.name, name, host, port, loaded.dtype, loaded.device, loaded.max_model_len,
                 loaded.kv_capacity_tokens, loaded.kv_capacity_tokens // engine_args.page_size, engine_args.page_size,
                 f"in engine process {engine.engine_pid}" if engine.in_engine_process else "on a thread")
     if loaded.random_weights:
         logger.warning(random_weights_banner(loaded.name))
-    app = build_app(engine, served_model_name=name, media=media)
-    app.router.lifespan_context = _stops(engine)
-    config = uvicorn.Config(app, host=host, port=port, log_level=getattr(args, "log_level", "info"),
+    app = build_app(engine, served_model_name=name, media=media, limits=limits,
+                    frontend_threads=getattr(args, "frontend_threads", DEFAULT_FRONTEND_THREADS))
+    # after SIGINT/SIGTERM uvicorn re-raises the signal once it is done, so code after
+    # `Server.run` never runs: the lifespan stops the engine (SHUTDOWN_TIMEOUT_S at most)
+    app.router.lifespan_context = _lifespan(app.state.ctx, then=engine.shutdown)
+    config = uvicorn_config(app, limits, host=host, port=port, log_level=getattr(args, "log_level", "info"),
                             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
     try:
         uvicorn.Server(config).run(sockets=[sock])
@@ -219,22 +255,32 @@ def serve(args) -> None:
         sock.close()
 
 
-def _stops(engine: Engine):
-    """A lifespan that stops the engine when uvicorn shuts down: after SIGINT/SIGTERM uvicorn
-    re-raises the signal once it is done, so code after `Server.run` never runs."""
-    @contextlib.asynccontextmanager
-    async def lifespan(app):
-        yield
-        engine.shutdown()   # waits for the engine process (SHUTDOWN_TIMEOUT_S at most)
-
-    return lifespan
-
-
 def media_options(args) -> MediaOptions:
     """`--allowed-local-media-path` and `--max-media-bytes` (ValueError when bad)."""
     folder = getattr(args, "allowed_local_media_path", None)
     return MediaOptions(allowed_local_media_path=Path(folder) if folder else None,
                         max_media_bytes=getattr(args, "max_media_bytes", DEFAULT_MAX_MEDIA_BYTES))
+
+
+def server_limits(args) -> ServerLimits:
+    """The ServerLimits the flags name (`--max-n` -> max_n, `--timeout-header` -> timeout_header_s, ...;
+    ValueError when bad)."""
+    values = {}
+    for name in ServerLimits.__dataclass_fields__:
+        flag = name.removesuffix("_s")
+        if hasattr(args, flag) and getattr(args, flag) is not None:
+            values[name] = getattr(args, flag)
+    for name in ("allowed_origins", "allowed_hosts"):
+        if name in values:
+            values[name] = tuple(values[name])
+    return ServerLimits(**values)
+
+
+def _warn_if_media_exceed_the_body_limit(media: MediaOptions, limits: ServerLimits) -> None:
+    as_base64 = 4 * -(-media.max_media_bytes // 3)
+    if as_base64 > limits.max_request_body_bytes:
+        logger.warning("--max-media-bytes %d is %d bytes as a base64 data: URL, more than --max-request-body-bytes "
+                       "%d lets a JSON body carry", media.max_media_bytes, as_base64, limits.max_request_body_bytes)
 
 
 def random_weights_banner(model: str) -> str:

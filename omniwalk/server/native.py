@@ -33,21 +33,20 @@ from omniwalk.api import GenerationChunk, GenerationRequest
 from omniwalk.engine.causal_lm_executor import TokenLogprobs
 from omniwalk.engine.sampler import SamplingParams
 from omniwalk.server.generation import (
-    AbortingStreamingResponse, ClientDisconnected, Generation, ServerContext, disconnected_response,
-    until_disconnected,
+    AbortingStreamingResponse, ClientDisconnected, Generation, OffLoopJsonRoute, ServerContext,
+    disconnected_response, until_disconnected,
 )
 from omniwalk.server.media import MediaRef, check_kind, media_prompt
 from omniwalk.server.protocol import ApiError, GenerateRequest, check_stop_token_ids
 
 
 def native_router(ctx: ServerContext) -> APIRouter:
-    router = APIRouter()
+    router = APIRouter(route_class=OffLoopJsonRoute)
 
     @router.post("/generate")
     async def generate(body: GenerateRequest, request: Request):
         prompt, media = generate_prompt(body, ctx.media_markers)
-        generation = await ctx.submit_with_media([to_generation_request(body, prompt)], f"gen-{uuid.uuid4().hex}",
-                                                 media)
+        generation = await ctx.submit([to_generation_request(body, prompt)], f"gen-{uuid.uuid4().hex}", media)
         if body.stream:
             return AbortingStreamingResponse(_ndjson(generation, body.logprobs is not None), generation,
                                              media_type="application/x-ndjson")

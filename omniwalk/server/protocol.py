@@ -14,6 +14,8 @@ suffix, best_of > n, ...) are a 400 when set, never silently ignored.
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -22,8 +24,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 class ApiError(Exception):
     """An error answered in the OpenAI envelope: {"error": {"message", "type", "param", "code"}}."""
 
-    TYPES = {400: "BadRequestError", 404: "NotFoundError", 413: "RequestTooLargeError", 422: "UnprocessableEntityError",
-             429: "RateLimitError", 500: "InternalServerError", 503: "ServiceUnavailableError"}
+    TYPES = {400: "BadRequestError", 403: "PermissionDeniedError", 404: "NotFoundError", 408: "RequestTimeoutError",
+             413: "RequestTooLargeError", 422: "UnprocessableEntityError", 429: "RateLimitError",
+             500: "InternalServerError", 503: "ServiceUnavailableError"}
 
     def __init__(self, status: int, message: str, param: str | None = None):
         super().__init__(message)
@@ -53,6 +56,24 @@ def printable(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+class UnicodeChecked(dict):
+    """A parsed JSON body known to hold no lone surrogate: its raw text has no surrogate
+    escape at all (`parse_json_body`), so the walk over every value can be skipped."""
+
+
+#: a \uD800-\uDFFF escape: the only way a lone surrogate gets into JSON text (raw UTF-8 cannot hold one)
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def parse_json_body(body: bytes) -> Any:
+    """`json.loads(body)`, a top-level object marked UnicodeChecked when it may be (a scan of
+    the bytes in C, where the walk over a million ids in Python takes 0.2 s)."""
+    value = json.loads(body)
+    if isinstance(value, dict) and not _SURROGATE_ESCAPE.search(body):
+        return UnicodeChecked(value)
+    return value
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
@@ -60,7 +81,7 @@ class _Strict(BaseModel):
     @classmethod
     def _valid_unicode(cls, data: Any) -> Any:
         # JSON may carry lone surrogates ("\ud800"); no tokenizer can encode them
-        if _has_lone_surrogate(data):
+        if not isinstance(data, UnicodeChecked) and _has_lone_surrogate(data):
             raise ValueError("strings must be valid Unicode (the body has a lone surrogate escape)")
         return data
 
@@ -148,8 +169,10 @@ class _OpenAISampling(_Strict):
 
 
 class CompletionRequest(_OpenAISampling):
-    # one prompt (text or ids) or a batch of them
-    prompt: str | list[str] | list[int] | list[list[int]]
+    # one prompt (text or ids) or a batch of them; tried in this order, the first that fits
+    # wins: smart mode would also try list[str] on a list of ids and collect an error per id
+    # (0.5 s for a million ids, on the event loop)
+    prompt: Annotated[str | list[int] | list[str] | list[list[int]], Field(union_mode="left_to_right")]
     max_tokens: int | None = 16              # OpenAI's default for completions
     logprobs: int | None = None              # k: the chosen token and the top k per position
     echo: bool = False                       # only False is implemented

@@ -17,19 +17,27 @@ import uvicorn
 from omniwalk.api import Engine
 from omniwalk.loading import EngineArgs
 from omniwalk.server import build_app
+from omniwalk.server.connections import uvicorn_config
+from omniwalk.server.limits import ServerLimits
+
+
+#: tests keep connections in pools between requests: a long keep-alive spares them reconnecting
+TEST_LIMITS = ServerLimits(timeout_keep_alive_s=30)
 
 
 class RunningServer:
-    def __init__(self, engine: Engine, **app_options):
+    """`build_app(engine, limits=limits, **app_options)` served by uvicorn as `omniwalk serve`
+    serves it (the same protocol, timeouts and connection cap)."""
+
+    def __init__(self, engine: Engine, limits: ServerLimits = TEST_LIMITS, **app_options):
         self.engine = engine
-        self.app = build_app(engine, **app_options)
+        self.app = build_app(engine, limits=limits, **app_options)
         self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.socket.bind(("127.0.0.1", 0))
         self.port = self.socket.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(self.app, log_level="warning", timeout_keep_alive=30)
-        self.server = uvicorn.Server(config)
+        self.server = uvicorn.Server(uvicorn_config(self.app, limits, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]}, daemon=True)
 
     def __enter__(self) -> "RunningServer":
