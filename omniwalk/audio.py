@@ -134,13 +134,17 @@ class Resampler:
         y[m] = sum_k x[i + k] * taps[p, k + W - 1],   k = -W+1 .. W
 
     Outputs m, m + up, m + 2 up, ... share a phase and step `down` source samples apart,
-    so each phase of a block is one matrix-vector product over a strided view of the input.
+    so each phase of a block is one matrix-vector product over a strided view of the input
+    (a pass with few outputs per phase gathers each output's window instead: `_gather`).
     The output has round(n * target / rate) samples (at least 1), as the FFT resampler had."""
 
     ZERO_CROSSINGS = 6
     ROLLOFF = 0.99
     #: outputs computed per pass: at least this many, and at least 16 per phase
     BLOCK_OUTPUTS = 2**16
+    #: a pass with fewer outputs per phase gathers each output's window instead
+    MIN_ROWS_PER_PHASE = 8
+    GATHER_OUTPUTS = 2**14
 
     def __init__(self, rate: int, target_rate: int):
         self.identity = rate == target_rate
@@ -186,6 +190,18 @@ class Resampler:
             self._run(total)
         return np.concatenate(self.outputs) if self.outputs else np.zeros(0, np.float32)
 
+    def _gather(self, start: int, out: np.ndarray) -> None:
+        """out[j] = output start + j, each from its own window and phase (a short pass, or a
+        rate whose `up` is large: 16001 Hz has 16000 phases, one matrix-vector product each
+        would cost ~50 us per output sample)."""
+        W, up, down = self.half_width, self.up, self.down
+        taps = np.arange(2 * W)
+        for lo in range(0, out.size, self.GATHER_OUTPUTS):
+            m = np.arange(start + lo, start + min(out.size, lo + self.GATHER_OUTPUTS), dtype=np.int64)
+            first = (m * down) // up - W + 1 - self.buffer_start
+            windows = self.buffer[first[:, None] + taps]                 # [outputs, 2W]
+            out[lo:lo + m.size] = np.einsum("ij,ij->i", windows, self.taps[(m * down) % up])
+
     def _computable_outputs(self) -> int:
         """Outputs m whose last tap x[i_m + W] has arrived: i_m + W < received."""
         last_source = self.received - self.half_width - 1
@@ -199,14 +215,17 @@ class Resampler:
         W, up, down = self.half_width, self.up, self.down
         start = self.next_output
         out = np.empty(max(0, end - start), dtype=np.float32)
-        for r in range(min(up, out.size)):
-            m = start + r
-            phase, source = (m * down) % up, (m * down) // up
-            rows = len(range(r, out.size, up))
-            first = source - W + 1 - self.buffer_start
-            view = np.lib.stride_tricks.as_strided(self.buffer[first:], shape=(rows, 2 * W),
-                                                   strides=(down * 4, 4), writeable=False)
-            out[r::up] = view @ self.taps[phase]
+        if out.size < self.MIN_ROWS_PER_PHASE * up:   # few outputs per phase: gather them instead
+            self._gather(start, out)
+        else:
+            for r in range(up):
+                m = start + r
+                phase, source = (m * down) % up, (m * down) // up
+                rows = len(range(r, out.size, up))
+                first = source - W + 1 - self.buffer_start
+                view = np.lib.stride_tricks.as_strided(self.buffer[first:], shape=(rows, 2 * W),
+                                                       strides=(down * 4, 4), writeable=False)
+                out[r::up] = view @ self.taps[phase]
         if out.size:
             self.outputs.append(out)
         self.next_output = max(start, end)

@@ -16,9 +16,10 @@ forever, and a thousand such clients take every descriptor the process has. So:
                       rather than a reset
     open files        `serve` raises the soft limit on open files to the hard limit (as
                       vLLM does), and keeps `max_connections` under it
-    accept errors     the event loop's reports ("socket.accept() out of system resource",
-                      once a second while descriptors run out) go to the log once, then
-                      as one line per ACCEPT_LOG_INTERVAL_S with how many were left out
+    log lines         refusals, and the event loop's reports ("socket.accept() out of
+                      system resource", once a second while descriptors run out), go to
+                      the log once, then as one line per ACCEPT_LOG_INTERVAL_S with how
+                      many were left out (`LogGate`)
 
 Body timeouts and sizes are the app's (guard.py): only it knows the route's limit.
 """
@@ -110,8 +111,10 @@ class GuardedH11Protocol(H11Protocol):
     # ------------------------------------------------------------ the connection cap
 
     def _refuse(self) -> None:
-        logger.warning("refusing a connection: %d open, --max-connections %d", len(self.connections) - 1,
-                       self.max_connections)
+        now, held, _ = _refusals.open("refused")
+        if now:
+            logger.warning("refusing connections past --max-connections %d (%d more refused since the last "
+                           "line)", self.max_connections, held)
         self._refused = True
         self.transport.write(_FULL_503 % (RETRY_AFTER_S, len(_FULL_BODY), _FULL_BODY))
         if self.transport.can_write_eof():
@@ -175,31 +178,47 @@ def connections_within(limits: ServerLimits, open_file_limit: int) -> int:
 # ----------------------------------------------------------------------------- accept errors
 
 
-class RateLimitedLoopErrors:
-    """An event-loop exception handler that logs each kind of report (message and exception
-    type) once, then at most once per `interval_s` with the count left out meanwhile: the
-    loop reports a failing accept() every second for as long as descriptors run out."""
+class LogGate:
+    """Lets a kind of log line through once per `interval_s`, counting the ones it holds back."""
 
     def __init__(self, interval_s: float = ACCEPT_LOG_INTERVAL_S, clock=time.monotonic):
         self.interval_s = interval_s
         self.clock = clock
-        self._last: dict[tuple[str, str], float] = {}
-        self._left_out: dict[tuple[str, str], int] = {}
+        self._last: dict[object, float] = {}
+        self._held: dict[object, int] = {}
+
+    def open(self, key: object) -> tuple[bool, int, float | None]:
+        """(log it now?, lines held back since the last one, seconds since the last one or None)."""
+        now, last = self.clock(), self._last.get(key)
+        if last is not None and now - last < self.interval_s:
+            self._held[key] = self._held.get(key, 0) + 1
+            return False, 0, None
+        self._last[key] = now
+        return True, self._held.pop(key, 0), None if last is None else now - last
+
+
+class RateLimitedLoopErrors:
+    """An event-loop exception handler that logs each kind of report (message and exception
+    type) once in full, then at most once per `interval_s` in a line with the count left
+    out meanwhile: the loop reports a failing accept() every second for as long as
+    descriptors run out."""
+
+    def __init__(self, interval_s: float = ACCEPT_LOG_INTERVAL_S, clock=time.monotonic):
+        self.gate = LogGate(interval_s, clock)
 
     def __call__(self, loop: asyncio.AbstractEventLoop, context: dict) -> None:
         exc = context.get("exception")
         key = (str(context.get("message", "")), type(exc).__name__)
-        now = self.clock()
-        last = self._last.get(key)
-        if last is not None and now - last < self.interval_s:
-            self._left_out[key] = self._left_out.get(key, 0) + 1
+        now, held, since = self.gate.open(key)
+        if not now:
             return
-        self._last[key] = now
-        left_out = self._left_out.pop(key, 0)
-        if last is None:
+        if since is None:
             loop.default_exception_handler(context)   # the first one in full, traceback and all
         else:
-            logger.error("%s: %s (%d more like it in the last %.0f s)", key[0], exc, left_out, now - last)
+            logger.error("%s: %s (%d more like it in the last %.0f s)", key[0], exc, held, since)
+
+
+_refusals = LogGate()
 
 
 def install_loop_error_limiter() -> None:
