@@ -59,7 +59,8 @@ def _add_engine_flags(parser: argparse.ArgumentParser, seed: bool = True, engine
 def _add_limit_flags(parser: argparse.ArgumentParser) -> None:
     """What one client may ask of `omniwalk serve` (omniwalk/server/limits.py)."""
     sizes = parser.add_argument_group("request limits")
-    sizes.add_argument("--max-request-body-bytes", type=int, metavar="BYTES", default=limits.DEFAULT_MAX_REQUEST_BODY_BYTES,
+    sizes.add_argument("--max-request-body-bytes", type=int, metavar="BYTES",
+                       default=limits.DEFAULT_MAX_REQUEST_BODY_BYTES,
                        help="the largest JSON body; larger ones get a 413 before they are read (default: %(default)s "
                             "= 32 MiB, a 20 MiB media item as base64 and then some)")
     sizes.add_argument("--max-upload-bytes", type=int, metavar="BYTES", default=limits.DEFAULT_MAX_UPLOAD_BYTES,

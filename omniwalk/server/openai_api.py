@@ -64,7 +64,8 @@ def openai_router(ctx: ServerContext) -> APIRouter:
 
     def model_card() -> dict:
         return {"id": ctx.model_name, "object": "model", "created": ctx.created, "owned_by": "omniwalk",
-                "root": default_model_name(ctx.engine.args.model), "parent": None, "max_model_len": ctx.engine.max_model_len}
+                "root": default_model_name(ctx.engine.args.model), "parent": None,
+                "max_model_len": ctx.engine.max_model_len}
 
     @router.get("/models")
     async def models():
