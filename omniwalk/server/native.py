@@ -33,7 +33,7 @@ from omniwalk.api import GenerationChunk, GenerationRequest
 from omniwalk.engine.causal_lm_executor import TokenLogprobs
 from omniwalk.engine.sampler import SamplingParams
 from omniwalk.server.generation import (
-    AbortingStreamingResponse, ClientDisconnected, Generation, OffLoopJsonRoute, ServerContext,
+    AbortingStreamingResponse, ClientDisconnected, Generation, JsonBodyRoute, ServerContext,
     disconnected_response, until_disconnected,
 )
 from omniwalk.server.media import MediaRef, check_kind, media_prompt
@@ -41,7 +41,7 @@ from omniwalk.server.protocol import ApiError, GenerateRequest, check_stop_token
 
 
 def native_router(ctx: ServerContext) -> APIRouter:
-    router = APIRouter(route_class=OffLoopJsonRoute)
+    router = APIRouter(route_class=JsonBodyRoute)
 
     @router.post("/generate")
     async def generate(body: GenerateRequest, request: Request):

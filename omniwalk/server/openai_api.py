@@ -39,7 +39,7 @@ from omniwalk.api import GenerationChunk, GenerationRequest
 from omniwalk.engine.causal_lm_executor import TokenLogprobs
 from omniwalk.engine.sampler import SamplingParams
 from omniwalk.server.generation import (
-    AbortingStreamingResponse, ClientDisconnected, Collected, Generation, OffLoopJsonRoute, ServerContext,
+    AbortingStreamingResponse, ClientDisconnected, Collected, Generation, JsonBodyRoute, ServerContext,
     default_model_name, disconnected_response, until_disconnected,
 )
 from omniwalk.server.media import MediaRef, chat_content, check_markers
@@ -59,7 +59,7 @@ _OUTPUT_REASONS = ("length", "stop")
 
 
 def openai_router(ctx: ServerContext) -> APIRouter:
-    router = APIRouter(prefix="/v1", route_class=OffLoopJsonRoute)
+    router = APIRouter(prefix="/v1", route_class=JsonBodyRoute)
     token_text = _token_text_cache(ctx.engine.tokenizer)
 
     def model_card() -> dict:

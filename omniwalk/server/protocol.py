@@ -57,7 +57,7 @@ def printable(text: str) -> str:
 
 
 class UnicodeChecked(dict):
-    """A parsed JSON body known to hold no lone surrogate: its raw text has no surrogate
+    """A JSON object known to hold no lone surrogate: the body's text has no surrogate
     escape at all (`parse_json_body`), so the walk over every value can be skipped."""
 
 
@@ -67,7 +67,7 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 def parse_json_body(body: bytes) -> Any:
     """`json.loads(body)`, a top-level object marked UnicodeChecked when it may be (a scan of
-    the bytes in C, where the walk over a million ids in Python takes 0.2 s)."""
+    the bytes in C, where the models' walk over a million values in Python takes 0.2 s)."""
     value = json.loads(body)
     if isinstance(value, dict) and not _SURROGATE_ESCAPE.search(body):
         return UnicodeChecked(value)
@@ -244,6 +244,14 @@ class ChatMessage(_Strict):
         return "".join(part.text for part in self.content if isinstance(part, TextPart))
 
 
+#: chat messages per request, and content parts in all of them: pydantic validates each as a
+#: model, ~10 us apiece in C, on the event loop (the interpreter lock held throughout), so a
+#: 32 MiB body of a million tiny messages would stall every client for 10 s. OpenAI takes
+#: at most 2048 messages.
+MAX_MESSAGES = 4096
+MAX_CONTENT_PARTS = 4096
+
+
 class ChatCompletionRequest(_OpenAISampling):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None    # takes precedence over max_tokens
@@ -259,6 +267,20 @@ class ChatCompletionRequest(_OpenAISampling):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _countable(cls, data: Any) -> Any:
+        """Refuses too many messages or parts before any of them is validated."""
+        messages = data.get("messages") if isinstance(data, dict) else None
+        if not isinstance(messages, list):
+            return data
+        if len(messages) > MAX_MESSAGES:
+            raise ValueError(f"messages has {len(messages)} items; at most {MAX_MESSAGES} are accepted")
+        parts = sum(len(m["content"]) for m in messages if isinstance(m, dict) and isinstance(m.get("content"), list))
+        if parts > MAX_CONTENT_PARTS:
+            raise ValueError(f"the messages have {parts} content parts; at most {MAX_CONTENT_PARTS} are accepted")
+        return data
 
 
 # ----------------------------------------------------------------------------- speech

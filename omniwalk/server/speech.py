@@ -73,7 +73,7 @@ from fastapi.responses import Response
 from omniwalk.capabilities import Capability
 from omniwalk.capabilities.speech import SpeechChunk, SpeechRequest, SpeechResult, SpeechUsage
 from omniwalk.server.generation import (
-    AbortingStreamingResponse, ClientDisconnected, Generation, OffLoopJsonRoute, ServerContext,
+    AbortingStreamingResponse, ClientDisconnected, Generation, JsonBodyRoute, ServerContext,
     disconnected_response, unsupported_route_router, until_disconnected,
 )
 from omniwalk.server.protocol import ApiError, GenerateSpeechRequest, SpeechBody, error_body
@@ -89,7 +89,7 @@ WAV_UNKNOWN_SIZE = 0xFFFFFFFF   # RIFF and data sizes of a streamed WAV: "up to 
 
 def speech_router(ctx: ServerContext) -> APIRouter:
     """POST /v1/audio/speech on a speech model."""
-    router = APIRouter(prefix="/v1", route_class=OffLoopJsonRoute)
+    router = APIRouter(prefix="/v1", route_class=JsonBodyRoute)
     rate = ctx.engine.frontend(Capability.SPEECH).sampling_rate
 
     @router.post("/audio/speech")
@@ -121,7 +121,7 @@ def no_speech_router(ctx: ServerContext) -> APIRouter:
 
 def speech_generate_router(ctx: ServerContext) -> APIRouter:
     """POST /generate on a speech model: PCM in base64, as one answer or NDJSON lines."""
-    router = APIRouter(route_class=OffLoopJsonRoute)
+    router = APIRouter(route_class=JsonBodyRoute)
     rate = ctx.engine.frontend(Capability.SPEECH).sampling_rate
 
     @router.post("/generate")
