@@ -25,14 +25,21 @@ Routes follow the served model's capabilities (`engine.capabilities`), never its
 Processes: `omniwalk serve` runs the engine loop (the model, the device) in an engine
 process of its own (`--no-engine-process`: a thread of this one); this process keeps
 HTTP, validation, tokenization and detokenization. Handlers run on the asyncio loop and
-talk to the engine only through `engine.submit(..., loop=...)` and the request streams.
+talk to the engine only through `engine.submit(..., loop=...)` and the request streams;
+the submit runs on a frontend thread (tokenizing, chat templates, media and audio decoding:
+`ServerContext.off_loop`). Before any route, `RequestGuard` (guard.py) checks Host, Origin
+and the body's size and pace; connections are uvicorn's h11 protocol with a header timeout
+and a connection cap (connections.py); the limits are one `ServerLimits` (limits.py).
 If the engine process dies, the requests in flight end with an error at once and the
 server stays up answering 503 (/health too) until it is restarted.
 
 Errors are answered in the OpenAI envelope {"error": {"message", "type", "param", "code"}}
-with the HTTP status in `code`: 400 bad values (the engine's ValueError message), 404
-unknown model or route, 429 full server, 500 a request that failed in the engine, 503 a dead
-engine. Malformed bodies (invalid JSON, wrong types, unknown fields) are a 400 on the /v1
+with the HTTP status in `code`: 400 bad values (the engine's ValueError message), 403 a web
+page's POST from an origin not allowed, 404 unknown model or route, 408 a body that stopped
+arriving, 413 a body over its limit, 429 full server, 500 a request that failed in the engine
+(its reason) or an exception nobody expected ("internal error (request id err-...)": what
+failed goes to the log line with that id, never to the client), 503 a dead engine; 429 and
+503 carry `Retry-After`. Malformed bodies (invalid JSON, wrong types, unknown fields) are a 400 on the /v1
 routes, as vLLM answers, and a 422 elsewhere (with FastAPI's `detail` list as well).
 """
 

@@ -21,6 +21,8 @@ Request: multipart/form-data (OpenAI's form plus two extensions)
 
   An empty value is the field not given (HTML forms send empty fields). Unknown fields, a
   field given twice, a wrong type, unreadable or empty audio: 400 in the OpenAI envelope.
+  OpenAI fields that would change the output and are not implemented (include[],
+  chunking_strategy, word timestamps, ...) are a 400 when set, never silently ignored.
 
   Limits (ServerLimits; `omniwalk serve` flags): the file at most --max-upload-bytes
   (25 MiB, a 413; the body as a whole is cut off while it streams, guard.py); the audio's
@@ -28,8 +30,6 @@ Request: multipart/form-data (OpenAI's form plus two extensions)
   --max-audio-seconds, default 3600) and the decoded data against the same duration
   (omniwalk/audio.py), each refusal a 400 on `file`. Decoding, resampling and features run
   on a frontend thread, their memory the decoded length's.
-  OpenAI fields that would change the output and are not implemented (include[],
-  chunking_strategy, word timestamps, ...) are a 400 when set, never silently ignored.
 
 Responses (not streamed); every one carries the headers X-Request-Id, X-Finish-Reason
 ("length" | "stop") and X-Usage-Output-Tokens:
