@@ -52,9 +52,7 @@ class RequestGuard:
             await self.app(scope, receive, send)
             return
         headers = _headers(scope)
-        refusal = self._check_host(headers) or self._check_origin(scope["method"], headers)
-        if refusal is None:
-            refusal = self._check_length(headers)
+        refusal = self._refusal(scope["method"], headers)
         if refusal is not None:
             await refusal(scope, receive, send)
             return
@@ -74,6 +72,13 @@ class RequestGuard:
             await refused(exc)(scope, receive, send)
 
     # ------------------------------------------------------------ checks before the app
+
+    def _refusal(self, method: str, headers: dict[str, str]) -> JSONResponse | None:
+        """The answer to a request refused before the app sees it, or None."""
+        for refusal in (self._check_host(headers), self._check_origin(method, headers), self._check_length(headers)):
+            if refusal is not None:
+                return refusal
+        return None
 
     def _check_host(self, headers: dict[str, str]) -> JSONResponse | None:
         if not self.limits.allowed_hosts or host_allowed(headers.get("host", ""), self.limits.allowed_hosts):
