@@ -16,7 +16,9 @@ from omniwalk.cli_generate import __doc__ as generate_doc
 from omniwalk.cli_generate import add_generate_arguments, run_generate
 from omniwalk.loading import EngineArgs
 from omniwalk.logs import configure_logging
+from omniwalk.server import limits
 from omniwalk.server.auth import API_KEY_ENV, api_key_from_env
+from omniwalk.server.generation import DEFAULT_FRONTEND_THREADS
 from omniwalk.server.media import DEFAULT_MAX_MEDIA_BYTES
 from omniwalk.server.metrics import METRICS_COMPAT
 from omniwalk.version import package_version
@@ -92,6 +94,43 @@ def _add_engine_flags(parser: argparse.ArgumentParser, seed: bool = True, engine
                        help="TTS checkpoints: local codec folder (Orpheus: SNAC; default: MODEL/snac)")
 
 
+def _add_limit_flags(parser: argparse.ArgumentParser) -> None:
+    """What one client may ask of `omniwalk serve` (omniwalk/server/limits.py)."""
+    sizes = parser.add_argument_group("request limits")
+    sizes.add_argument("--max-request-body-bytes", type=int, metavar="BYTES",
+                       default=limits.DEFAULT_MAX_REQUEST_BODY_BYTES,
+                       help="the largest JSON body; larger ones get a 413 before they are read (default: %(default)s "
+                            "= 32 MiB, a 20 MiB media item as base64 and then some)")
+    sizes.add_argument("--max-upload-bytes", type=int, metavar="BYTES", default=limits.DEFAULT_MAX_UPLOAD_BYTES,
+                       help="the largest audio file of a transcription upload (default: %(default)s = 25 MiB)")
+    sizes.add_argument("--max-audio-seconds", type=float, metavar="S", default=limits.DEFAULT_MAX_AUDIO_SECONDS,
+                       help="the longest audio a transcription request may bring, by its header and by its "
+                            "decoded data (default: %(default)s)")
+    sizes.add_argument("--max-n", type=int, metavar="N", default=limits.DEFAULT_MAX_N,
+                       help="the most choices (n) one request may ask for (default: %(default)s)")
+    sizes.add_argument("--frontend-threads", type=int, metavar="N", default=DEFAULT_FRONTEND_THREADS,
+                       help="threads that tokenize, render chat templates and decode media and audio, off the "
+                            "event loop (default: %(default)s)")
+    clients = parser.add_argument_group("slow clients and connections")
+    clients.add_argument("--timeout-header", type=float, metavar="S", default=limits.DEFAULT_TIMEOUT_HEADER_S,
+                         help="seconds a request's headers may take to arrive before the connection is closed "
+                              "(default: %(default)s)")
+    clients.add_argument("--timeout-body", type=float, metavar="S", default=limits.DEFAULT_TIMEOUT_BODY_S,
+                         help="seconds a request body may pause before a 408 (default: %(default)s)")
+    clients.add_argument("--timeout-keep-alive", type=float, metavar="S", default=limits.DEFAULT_TIMEOUT_KEEP_ALIVE_S,
+                         help="seconds an idle keep-alive connection stays open (default: %(default)s)")
+    clients.add_argument("--max-connections", type=int, metavar="N", default=limits.DEFAULT_MAX_CONNECTIONS,
+                         help="open connections past which a new one gets a 503 and is closed (default: "
+                              "%(default)s; lowered to what the open-file limit allows)")
+    sites = parser.add_argument_group("cross-site requests")
+    sites.add_argument("--allowed-origins", nargs="+", action="extend", default=[], metavar="ORIGIN",
+                       help="web origins (https://app.example.com, or *) whose pages may POST to the server; "
+                            "other pages' POSTs get a 403 (default: none)")
+    sites.add_argument("--allowed-hosts", nargs="+", action="extend", default=[], metavar="HOST",
+                       help="host names the Host header may name (example.com, *.example.com); others get a 400 "
+                            "(default: any)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="omniwalk", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -125,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "(default: none; data: URLs only)")
     media.add_argument("--max-media-bytes", type=int, default=DEFAULT_MAX_MEDIA_BYTES,
                        help="the most bytes one image or audio item may have (default: 20 MiB)")
+    _add_limit_flags(serve)
     _add_engine_flags(serve, engine_process=True)
 
     generate = commands.add_parser("generate", help="generate once, in-process: print the text, write the "

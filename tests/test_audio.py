@@ -89,3 +89,43 @@ def test_samples_given_as_an_array_meet_the_cap():
     with pytest.raises(ValueError, match="2.0 s long; at most 1 s"):
         load_audio(np.zeros(2 * SR, np.float32), SR, max_seconds=1)
     assert load_audio(np.zeros(SR, np.float32), SR, max_seconds=1).shape == (SR,)
+
+
+def test_the_decoded_data_meets_the_cap_whatever_the_header_says(monkeypatch):
+    """A header may understate its data (a streamed WAV, an MP3's estimate): decoding stops
+    once the samples pass the cap."""
+    monkeypatch.setattr(audio, "check_audio_header", lambda *args: None)   # as if the header said 0 frames
+    with pytest.raises(ValueError, match="holds more than 2 s of samples"):
+        decode_audio(wav(8000, frames=8000 * 3), SR, max_seconds=2)
+
+
+@pytest.mark.parametrize("rate", [8000, 22050, 44100, 48000, 16001])
+def test_resampling_keeps_the_band_in_any_blocks(rate):
+    """A 440 Hz + 3 kHz tone comes out at its frequencies and level; fed in uneven blocks it
+    gives the same samples as in one go."""
+    t = np.arange(rate) / rate
+    tone = (0.3 * np.sin(2 * np.pi * 440 * t) + 0.2 * np.sin(2 * np.pi * 3000 * t)).astype(np.float32)
+    once = audio.resample(tone, rate, SR)
+    assert once.shape == (round(rate * SR / rate),) and once.dtype == np.float32
+    expected = 0.3 * np.sin(2 * np.pi * 440 * np.arange(SR) / SR) + 0.2 * np.sin(2 * np.pi * 3000 * np.arange(SR) / SR)
+    assert np.abs(once[200:-200] - expected[200:-200]).max() < 0.01   # away from the zero-padded edges
+    resampler = audio.Resampler(rate, SR)
+    for block in np.array_split(tone, [1, 7, 1000, 1001, rate // 2]):
+        resampler.feed(block)
+    assert np.allclose(resampler.finish(), once, atol=1e-6)
+
+
+def test_decoding_memory_follows_the_output():
+    """A minute of 48 kHz stereo is decoded a block at a time: the peak is a few times the
+    16 kHz output (3.8 MB), where decoding it whole and resampling by FFT took 30 times that."""
+    import tracemalloc
+
+    data = flac_silence(60, rate=48_000, channels=2)
+    tracemalloc.start()
+    try:
+        samples = decode_audio(data, SR, max_seconds=MEDIA_MAX_SECONDS)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert samples.shape == (60 * SR,)
+    assert peak < 4 * samples.nbytes, peak

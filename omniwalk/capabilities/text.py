@@ -237,7 +237,7 @@ class TextFrontend(Frontend):
                 raise ValueError(f"prompt_token_ids has id(s) outside the vocabulary [0, {self.vocab_size}): "
                                  f"{bad[:5]}")
         else:
-            ids = encode(self.tokenizer, request.prompt, "the prompt")
+            ids = encode(self.tokenizer, request.prompt, "the prompt", max_tokens=self.max_model_len)
         if not ids:
             raise ValueError("the prompt is empty")
         return ids

@@ -30,14 +30,22 @@ without `Authorization: Bearer <key>` (auth.py).
 Processes: `omniwalk serve` runs the engine loop (the model, the device) in an engine
 process of its own (`--no-engine-process`: a thread of this one); this process keeps
 HTTP, validation, tokenization and detokenization. Handlers run on the asyncio loop and
-talk to the engine only through `engine.submit(..., loop=...)` and the request streams.
+talk to the engine only through `engine.submit(..., loop=...)` and the request streams;
+the submit runs on a frontend thread (tokenizing, chat templates, media and audio decoding:
+`ServerContext.off_loop`). Before any route, `RequestGuard` (guard.py) checks Host, Origin
+and the body's size and pace; connections are uvicorn's h11 protocol with a header timeout
+and a connection cap (connections.py); the limits are one `ServerLimits` (limits.py).
 If the engine process dies, the requests in flight end with an error at once and the
 server stays up answering 503 (/health too) until it is restarted.
 
 Errors are answered in the OpenAI envelope {"error": {"message", "type", "param", "code"}}
 with the HTTP status in `code`: 400 bad values (the engine's ValueError message, in the
-route's field names, `param` set), 401 a missing or wrong API key, 404 unknown model or
-route, 429 full server, 500 a request that failed in the engine, 503 a dead engine. Malformed bodies (invalid JSON, wrong types, unknown fields) are a 400 on the /v1
+route's field names, `param` set), 401 a missing or wrong API key, 403 a web page's POST
+from an origin not allowed, 404 unknown model or route, 408 a body that stopped arriving,
+413 a body over its limit, 429 full server, 500 a request that failed in the engine (its
+reason) or an exception nobody expected ("internal error (request id err-...)": what failed
+goes to the log line with that id, never to the client), 503 a dead engine; 429 and 503
+carry `Retry-After`. Malformed bodies (invalid JSON, wrong types, unknown fields) are a 400 on the /v1
 routes, as vLLM answers, and a 422 elsewhere (with FastAPI's `detail` list as well).
 """
 
@@ -49,19 +57,27 @@ import errno
 import logging
 import socket
 import time
+import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from omniwalk.api import Engine
 from omniwalk.capabilities import Capability
 from omniwalk.server.auth import ApiKeyMiddleware
-from omniwalk.server.generation import ServerContext
+from omniwalk.server.connections import (
+    connections_within, install_loop_error_limiter, raise_open_file_limit, uvicorn_config,
+)
+from omniwalk.server.generation import DEFAULT_FRONTEND_THREADS, ServerContext, default_model_name
+from omniwalk.server.guard import RequestGuard
 from omniwalk.server.info import info_router
+from omniwalk.server.limits import RETRY_AFTER_S, ServerLimits
 from omniwalk.server.media import DEFAULT_MAX_MEDIA_BYTES, MediaOptions
 from omniwalk.server.metrics import METRICS_COMPAT, ServerMetrics
 from omniwalk.server.native import native_router
@@ -80,17 +96,22 @@ HEALTH_STALL_SECONDS = 30.0
 
 def build_app(engine: Engine, served_model_name: str | Sequence[str] | None = None,
               stall_seconds: float = HEALTH_STALL_SECONDS, media: MediaOptions | None = None,
+              limits: ServerLimits | None = None, frontend_threads: int = DEFAULT_FRONTEND_THREADS,
               api_key: str | None = None, metrics_compat: str | None = None) -> FastAPI:
     """An app serving `engine`. It does not own the engine: shut that down yourself.
-    `served_model_name`: the name(s) `model` may say, the first reported (default: the model's).
-    `media`: where request media may come from and how large (default: data: URLs, 20 MiB).
-    `api_key`: every route but /health wants `Authorization: Bearer <api_key>` (auth.py).
-    `metrics_compat`: "vllm" also exports vLLM's metric names (metrics.py)."""
+    `served_model_name`: the name(s) `model` may say, the first reported (default: the model's,
+    a folder's own name, never its path). `media`: where request media may come from and how
+    large (default: data: URLs, 20 MiB); `limits`: what a client may ask (body sizes, n, audio
+    length, origins, hosts: limits.py); `frontend_threads`: the threads that tokenize and
+    decode off the event loop. `api_key`: every route but /health wants `Authorization:
+    Bearer <api_key>` (auth.py). `metrics_compat`: "vllm" also exports vLLM's metric names."""
     capabilities = engine.capabilities
-    names = served_names(served_model_name, engine.loaded.name)
+    limits = limits or ServerLimits()
+    names = served_names(served_model_name, default_model_name(engine.loaded.name))
     metrics = ServerMetrics(engine, names[0], vllm_names=check_metrics_compat(metrics_compat) == "vllm")
-    ctx = ServerContext(engine, metrics, names[0], media or MediaOptions(), model_aliases=names[1:])
-    app = FastAPI(title="omniwalk", version=package_version())
+    ctx = ServerContext(engine, metrics, names[0], media or MediaOptions(), limits, frontend_threads,
+                        model_aliases=names[1:])
+    app = FastAPI(title="omniwalk", version=package_version(), lifespan=_lifespan(ctx))
     app.state.ctx = ctx
     app.include_router(speech_generate_router(ctx) if ctx.produces_speech else native_router(ctx))
     app.include_router(openai_router(ctx))
@@ -101,8 +122,12 @@ def build_app(engine: Engine, served_model_name: str | Sequence[str] | None = No
     app.include_router(info_router())
     _add_operations(app, ctx, stall_seconds)
     _add_error_handlers(app, ctx)
-    if api_key:
+    if api_key:   # innermost: CORS preflights (no credentials) are answered before it
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+    if limits.allowed_origins:   # their pages' preflights and reads (others are refused by the guard)
+        app.add_middleware(CORSMiddleware, allow_origins=list(limits.allowed_origins), allow_methods=["*"],
+                           allow_headers=["*"], expose_headers=["*"])
+    app.add_middleware(RequestGuard, limits=limits)   # the outermost: before CORS and the routes
     return app
 
 
@@ -117,6 +142,26 @@ def check_metrics_compat(value: str | None) -> str | None:
     if value not in (None, *METRICS_COMPAT):
         raise ValueError(f"metrics_compat must be one of {METRICS_COMPAT} or None, got {value!r}")
     return value
+
+
+def _lifespan(ctx: ServerContext, then=None, stats_logger: StatsLogger | None = None):
+    """The app's lifespan: event-loop errors (failing accepts) rate-limited in the log and the
+    periodic stats line while it serves; the frontend threads stopped after, then `then()`
+    (serve: the engine)."""
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        install_loop_error_limiter()
+        stats_task = asyncio.create_task(stats_logger.run()) if stats_logger is not None else None
+        try:
+            yield
+        finally:
+            if stats_task is not None:
+                stats_task.cancel()
+            ctx.close()
+            if then is not None:
+                then()
+
+    return lifespan
 
 
 def _add_operations(app: FastAPI, ctx: ServerContext, stall_seconds: float) -> None:
@@ -139,18 +184,14 @@ def _add_operations(app: FastAPI, ctx: ServerContext, stall_seconds: float) -> N
         return Response(ctx.metrics.render(), media_type=ctx.metrics.content_type)
 
 
-# seconds a client told 429 (queue full) should wait before retrying: a closed-loop
-# request of a few hundred tokens frees its slot in about that long
-RETRY_AFTER_S = 1
-
-
 def _add_error_handlers(app: FastAPI, ctx: ServerContext) -> None:
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError):
         headers = None
+        if exc.status in (429, 503):
+            headers = {"Retry-After": str(RETRY_AFTER_S)}   # what well-behaved clients wait for
         if exc.status == 429:
             ctx.metrics.count("rejected")
-            headers = {"Retry-After": str(RETRY_AFTER_S)}   # what well-behaved clients wait for
         elif exc.status < 500:
             ctx.metrics.count("invalid")
         return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
@@ -169,13 +210,16 @@ def _add_error_handlers(app: FastAPI, ctx: ServerContext) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
-        return JSONResponse(error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code,
-                            headers=getattr(exc, "headers", None))
+        return JSONResponse(error_body(exc.status_code, str(exc.detail), getattr(exc, "param", None)),
+                            status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception):
-        logger.exception("unhandled error on %s", request.url.path)
-        return JSONResponse(error_body(500, f"internal error: {type(exc).__name__}: {exc}"), status_code=500)
+        """The client learns that it failed and the id to quote; what failed goes to the log only."""
+        error_id = f"err-{uuid.uuid4().hex[:16]}"
+        logger.error("internal error %s on %s %s", error_id, request.method, request.url.path, exc_info=exc)
+        return JSONResponse(error_body(500, f"internal error (request id {error_id})"), status_code=500,
+                            headers={"X-Request-Id": error_id})
 
 
 def _describe(error: dict) -> dict:
@@ -227,7 +271,9 @@ def serve(args) -> None:
     host, port = getattr(args, "host", "127.0.0.1"), getattr(args, "port", 8000)
     engine_args = EngineArgs(**{name: getattr(args, name) for name in EngineArgs.__dataclass_fields__
                                 if hasattr(args, name)})
-    media = media_options(args)   # bad flags fail before the model loads
+    media, limits = media_options(args), server_limits(args)   # bad flags fail before the model loads
+    limits = replace(limits, max_connections=connections_within(limits, raise_open_file_limit()))
+    _warn_if_media_exceed_the_body_limit(media, limits)
     api_key = getattr(args, "api_key", None)
     if api_key is not None and not api_key.strip():
         raise ValueError("--api-key is empty (an empty key would lock nothing)")
@@ -238,7 +284,7 @@ def serve(args) -> None:
         sock.close()
         raise
     loaded = engine.loaded
-    names = served_names(getattr(args, "served_model_name", None), loaded.name)
+    names = served_names(getattr(args, "served_model_name", None), default_model_name(loaded.name))
     logger.info("serving %r as %s on http://%s:%d: %s on %s, context %d tokens, KV cache %d tokens (%d pages of "
                 "%d); engine loop %s%s", loaded.name, " / ".join(map(repr, names)), host, port, loaded.dtype,
                 loaded.device, loaded.max_model_len, loaded.kv_capacity_tokens,
@@ -247,13 +293,16 @@ def serve(args) -> None:
                 "; API key required" if api_key else "")
     if loaded.random_weights:
         logger.warning(random_weights_banner(loaded.name))
-    app = build_app(engine, served_model_name=names, media=media, api_key=api_key,
+    app = build_app(engine, served_model_name=names, media=media, limits=limits,
+                    frontend_threads=getattr(args, "frontend_threads", DEFAULT_FRONTEND_THREADS), api_key=api_key,
                     metrics_compat=getattr(args, "metrics_compat", None))
     stats_logger = None if getattr(args, "disable_log_stats", False) else StatsLogger(engine, app.state.ctx.metrics)
-    app.router.lifespan_context = _lifespan(engine, stats_logger)
+    # after SIGINT/SIGTERM uvicorn re-raises the signal once it is done, so code after
+    # `Server.run` never runs: the lifespan stops the engine (SHUTDOWN_TIMEOUT_S at most)
+    app.router.lifespan_context = _lifespan(app.state.ctx, then=engine.shutdown, stats_logger=stats_logger)
     # log_config None: uvicorn's loggers propagate to the root logger, so its lines (access
     # log included) take omniwalk's format (omniwalk/logs.py) instead of uvicorn's own
-    config = uvicorn.Config(app, host=host, port=port, log_level=getattr(args, "log_level", "info"),
+    config = uvicorn_config(app, limits, host=host, port=port, log_level=getattr(args, "log_level", "info"),
                             log_config=None, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
     try:
         uvicorn.Server(config).run(sockets=[sock])
@@ -262,28 +311,32 @@ def serve(args) -> None:
         sock.close()
 
 
-def _lifespan(engine: Engine, stats_logger: StatsLogger | None):
-    """A lifespan that logs the periodic stats line while serving and stops the engine when
-    uvicorn shuts down: after SIGINT/SIGTERM uvicorn re-raises the signal once it is done,
-    so code after `Server.run` never runs."""
-    @contextlib.asynccontextmanager
-    async def lifespan(app):
-        stats_task = asyncio.create_task(stats_logger.run()) if stats_logger is not None else None
-        try:
-            yield
-        finally:
-            if stats_task is not None:
-                stats_task.cancel()
-            engine.shutdown()   # waits for the engine process (SHUTDOWN_TIMEOUT_S at most)
-
-    return lifespan
-
-
 def media_options(args) -> MediaOptions:
     """`--allowed-local-media-path` and `--max-media-bytes` (ValueError when bad)."""
     folder = getattr(args, "allowed_local_media_path", None)
     return MediaOptions(allowed_local_media_path=Path(folder) if folder else None,
                         max_media_bytes=getattr(args, "max_media_bytes", DEFAULT_MAX_MEDIA_BYTES))
+
+
+def server_limits(args) -> ServerLimits:
+    """The ServerLimits the flags name (`--max-n` -> max_n, `--timeout-header` -> timeout_header_s, ...;
+    ValueError when bad)."""
+    values = {}
+    for name in ServerLimits.__dataclass_fields__:
+        flag = name.removesuffix("_s")
+        if hasattr(args, flag) and getattr(args, flag) is not None:
+            values[name] = getattr(args, flag)
+    for name in ("allowed_origins", "allowed_hosts"):
+        if name in values:
+            values[name] = tuple(values[name])
+    return ServerLimits(**values)
+
+
+def _warn_if_media_exceed_the_body_limit(media: MediaOptions, limits: ServerLimits) -> None:
+    as_base64 = 4 * -(-media.max_media_bytes // 3)
+    if as_base64 > limits.max_request_body_bytes:
+        logger.warning("--max-media-bytes %d is %d bytes as a base64 data: URL, more than --max-request-body-bytes "
+                       "%d lets a JSON body carry", media.max_media_bytes, as_base64, limits.max_request_body_bytes)
 
 
 def random_weights_banner(model: str) -> str:

@@ -20,10 +20,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 from fastapi import APIRouter
+from fastapi.routing import APIRoute
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
@@ -32,20 +35,40 @@ from omniwalk.capabilities import Capability
 from omniwalk.capabilities.text import GenerationChunk, GenerationRequest, SpeechOutput
 from omniwalk.engine.causal_lm_executor import TokenLogprobs
 from omniwalk.runtime import QueueFullError
+from omniwalk.server.limits import ServerLimits
 from omniwalk.server.media import MediaOptions, MediaRef, load_media, name_the_item
 from omniwalk.server.metrics import RequestRecord, ServerMetrics
-from omniwalk.server.protocol import ApiError, ClientFields
+from omniwalk.server.protocol import ApiError, ClientFields, parse_json_body
+
+
+def default_model_name(model: str) -> str:
+    """The id /v1 requests use when --served-model-name is not given: a built-in's name, or
+    a checkpoint folder's own name (never its path: where the files lie is the host's business)."""
+    if Path(model).is_dir():
+        return Path(model).resolve().name
+    return model
+
+
+#: threads that tokenize, render chat templates, read media and compute features
+DEFAULT_FRONTEND_THREADS = 4
 
 
 @dataclass
 class ServerContext:
-    """What the routes of one app share."""
+    """What the routes of one app share.
+
+    Work that scales with a request's size (tokenizing its prompt, rendering a chat
+    template, decoding base64 media, audio files and features: everything `Engine.submit`
+    runs through the model's frontend) runs on `executor`, never on the event loop, so one
+    large request does not hold up /health or another client's stream (`off_loop`)."""
 
     engine: Engine
     metrics: ServerMetrics
     model_name: str                                        # the first served name: responses to requests
                                                            # that name no model say it, metrics label it
     media: MediaOptions = field(default_factory=MediaOptions)
+    limits: ServerLimits = field(default_factory=ServerLimits)
+    frontend_threads: int = DEFAULT_FRONTEND_THREADS
     created: int = field(default_factory=lambda: int(time.time()))
     model_aliases: tuple[str, ...] = ()                    # further names (`--served-model-name a b c`)
 
@@ -58,6 +81,14 @@ class ServerContext:
         """A request may leave `model` out; when given, it must be one of the served names."""
         if model is not None and model not in self.model_names:
             raise ApiError(404, f"The model `{model}` does not exist.", "model")
+
+    def __post_init__(self):
+        if self.frontend_threads < 1:
+            raise ValueError(f"--frontend-threads must be >= 1, got {self.frontend_threads}")
+        self.executor = ThreadPoolExecutor(self.frontend_threads, thread_name_prefix="omniwalk-frontend")
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
 
     @property
     def produces_speech(self) -> bool:
@@ -93,31 +124,76 @@ class ServerContext:
             return {}
         return self.engine.frontend(Capability.TEXT).media_markers
 
-    def submit(self, requests: list[GenerationRequest], request_id: str,
-               loop: asyncio.AbstractEventLoop | None = None, fields: ClientFields | None = None) -> "Generation":
-        """Text generations (the completion routes). `loop`: the event loop the chunks go to,
-        when this runs on a worker thread (a request whose frontend decodes media). `fields`:
-        the route's field names, for the engine's 400s."""
+    def check_room_for(self, count: int) -> None:
+        """A 429 now when `count` engine requests (one HTTP request's `n` x prompts) cannot
+        all be admitted: each counts against the queue, and they are admitted all or none."""
+        args = self.engine.args
+        room = args.max_num_seqs + args.max_queue - self.engine.num_in_flight
+        if count > room:
+            raise ApiError(429, f"the server is full, retry later ({count} sequences asked, room for "
+                                f"{max(room, 0)})")
+
+    async def off_loop(self, make: Callable[[], Any]) -> Any:
+        """`make()` on the frontend threads; its value (or its exception) back on the loop.
+        A Generation it makes after the caller stopped waiting (the server shutting down) is
+        aborted, so nothing is left running for nobody."""
+        future = asyncio.get_running_loop().run_in_executor(self.executor, make)
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            future.add_done_callback(_abort_if_generation)
+            raise
+
+    async def submit(self, requests: list[GenerationRequest], request_id: str,
+                     media: list[MediaRef] = (), fields: ClientFields | None = None) -> "Generation":
+        """Text generations (the completion routes), submitted off the loop. With `media`,
+        each prompt has a marker per item: their bytes are read (base64, files) there too,
+        and the frontend decodes them. `fields`: the route's field names, for the engine's 400s."""
         self.check_generates_text()
-        return Generation(self, requests, request_id, loop=loop, fields=fields)
-
-    async def submit_with_media(self, requests: list[GenerationRequest], request_id: str,
-                                media: list[MediaRef], fields: ClientFields | None = None) -> "Generation":
-        """Text generations whose prompt has a marker for each of `media`: on a worker thread,
-        the media's bytes are read (base64, files) and the frontend decodes them (`Engine.submit`),
-        so the event loop keeps serving other requests meanwhile."""
-        if not media:
-            return self.submit(requests, request_id, fields=fields)
+        self.check_room_for(len(requests))
         loop = asyncio.get_running_loop()
+        return await self.off_loop(lambda: self.submit_here(requests, request_id, loop, media, fields))
 
-        def load_and_submit() -> Generation:
-            inputs = load_media(media, self.media)
-            try:
-                return self.submit([replace(r, media=inputs) for r in requests], request_id, loop, fields)
-            except ApiError as exc:   # the frontend's error about one item: name it in `param`
-                raise name_the_item(exc, inputs) from None
+    def submit_here(self, requests: list[GenerationRequest], request_id: str, loop: asyncio.AbstractEventLoop,
+                    media: list[MediaRef] = (), fields: ClientFields | None = None) -> "Generation":
+        """`submit` on this thread (a frontend thread): the chunks go to `loop`."""
+        if not media:
+            return Generation(self, requests, request_id, loop=loop, fields=fields)
+        inputs = load_media(list(media), self.media)
+        try:
+            return Generation(self, [replace(r, media=inputs) for r in requests], request_id, loop=loop,
+                              fields=fields)
+        except ApiError as exc:   # the frontend's error about one item: name it in `param`
+            raise name_the_item(exc, inputs) from None
 
-        return await asyncio.to_thread(load_and_submit)
+
+class JsonBodyRequest(Request):
+    """A request whose JSON body is parsed by `parse_json_body`: a body whose bytes hold no
+    surrogate escape is marked so, and the models skip their walk over every string (in
+    Python, 0.2 s per million values, on the event loop). The parse itself stays on the
+    loop: json.loads holds the interpreter lock throughout, on whatever thread it runs."""
+
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            self._json = parse_json_body(await self.body())
+        return self._json
+
+
+class JsonBodyRoute(APIRoute):
+    """The route class of routes with JSON bodies: FastAPI reads them through `request.json()`."""
+
+    def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
+        handler = super().get_route_handler()
+
+        async def handle(request: Request) -> Response:
+            return await handler(JsonBodyRequest(request.scope, request.receive, request._send))
+
+        return handle
+
+
+def _abort_if_generation(future) -> None:
+    if not future.cancelled() and future.exception() is None and isinstance(future.result(), Generation):
+        future.result().abort_unfinished()
 
 
 @dataclass

@@ -38,15 +38,15 @@ from omniwalk.api import GenerationChunk, GenerationRequest
 from omniwalk.engine.causal_lm_executor import TokenLogprobs
 from omniwalk.engine.sampler import SamplingParams
 from omniwalk.server.generation import (
-    AbortingStreamingResponse, ClientDisconnected, Generation, ServerContext, disconnected_response,
-    until_disconnected,
+    AbortingStreamingResponse, ClientDisconnected, Generation, JsonBodyRoute, ServerContext,
+    disconnected_response, until_disconnected,
 )
 from omniwalk.server.media import MediaRef, check_kind, media_prompt
 from omniwalk.server.protocol import ApiError, ClientFields, GenerateRequest, check_stop_token_ids
 
 
 def native_router(ctx: ServerContext) -> APIRouter:
-    router = APIRouter()
+    router = APIRouter(route_class=JsonBodyRoute)
 
     @router.post("/generate")
     async def generate(body: GenerateRequest, request: Request):
@@ -55,7 +55,7 @@ def native_router(ctx: ServerContext) -> APIRouter:
         if body.speech is not None:
             engine_request = replace(engine_request, speech=ctx.speech_output(body.speech.voice, body.speech.max_frames,
                                                                             "speech"))
-        generation = await ctx.submit_with_media([engine_request], f"gen-{uuid.uuid4().hex}", media, client_fields(body))
+        generation = await ctx.submit([engine_request], f"gen-{uuid.uuid4().hex}", media, client_fields(body))
         if body.stream:
             return AbortingStreamingResponse(_ndjson(generation, body.logprobs is not None, body.speech is not None),
                                              generation, media_type="application/x-ndjson")

@@ -34,6 +34,7 @@ Voices are case-insensitive; others, and audio on a model that cannot speak, are
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import json
@@ -50,14 +51,15 @@ from omniwalk.capabilities.text import SpeechOutput
 from omniwalk.engine.causal_lm_executor import TokenLogprobs
 from omniwalk.engine.sampler import SamplingParams
 from omniwalk.server.generation import (
-    AbortingStreamingResponse, ClientDisconnected, Collected, Generation, ServerContext,
-    disconnected_response, until_disconnected,
+    AbortingStreamingResponse, ClientDisconnected, Collected, Generation, JsonBodyRoute, ServerContext,
+    default_model_name, disconnected_response, until_disconnected,
 )
 from omniwalk.server.media import MediaRef, chat_content, check_markers
 from omniwalk.server.speech import wav_header
 from omniwalk.server.protocol import (
     ApiError, ChatCompletionRequest, ClientFields, CompletionRequest, check_stop_token_ids, error_body,
 )
+from omniwalk.tokenizer import encode
 
 DEFAULT_CHAT_TEMPLATE = (
     "{%- for message in messages %}"
@@ -70,12 +72,13 @@ _OUTPUT_REASONS = ("length", "stop")
 
 
 def openai_router(ctx: ServerContext) -> APIRouter:
-    router = APIRouter(prefix="/v1")
+    router = APIRouter(prefix="/v1", route_class=JsonBodyRoute)
     token_text = _token_text_cache(ctx.engine.tokenizer)
 
     def model_card(name: str) -> dict:
         return {"id": name, "object": "model", "created": ctx.created, "owned_by": "omniwalk",
-                "root": ctx.engine.args.model, "parent": None, "max_model_len": ctx.engine.max_model_len}
+                "root": default_model_name(ctx.engine.args.model), "parent": None,
+                "max_model_len": ctx.engine.max_model_len}
 
     @router.get("/models")
     async def models():
@@ -92,11 +95,11 @@ def openai_router(ctx: ServerContext) -> APIRouter:
         _check_common(ctx, body)
         _check_completion(body)
         prompts = _completion_prompts(body.prompt)
-        _check_n(ctx, body.n * len(prompts))
+        _check_n(ctx, body.n, len(prompts))
         fields = ClientFields.of(body)
         base = _base_request(body, body.max_tokens, body.logprobs, fields)
         requests = [_choice_request(base, prompt, body.seed, i) for prompt in prompts for i in range(body.n)]
-        generation = ctx.submit(requests, f"cmpl-{uuid.uuid4().hex}", fields=fields)
+        generation = await ctx.submit(requests, f"cmpl-{uuid.uuid4().hex}", fields=fields)
         return await _respond(request, _CompletionView(ctx, body, generation, token_text))
 
     @router.post("/chat/completions")
@@ -105,7 +108,7 @@ def openai_router(ctx: ServerContext) -> APIRouter:
         _check_chat(body)
         _check_n(ctx, body.n)
         ctx.check_generates_text()
-        prompt, media = chat_prompt(ctx.engine.tokenizer, body, ctx.media_markers)
+        ctx.check_room_for(body.n)
         # OpenAI's current name wins over the old one, as in vLLM; errors name the one sent
         if body.max_completion_tokens is not None:
             max_tokens, fields = body.max_completion_tokens, ClientFields.of(body, max_tokens="max_completion_tokens")
@@ -115,8 +118,14 @@ def openai_router(ctx: ServerContext) -> APIRouter:
         base = _base_request(body, max_tokens, logprobs, fields)
         if body.audio is not None:
             base = replace(base, speech=_speech(ctx, body))
-        requests = [_choice_request(base, prompt, body.seed, i) for i in range(body.n)]
-        generation = await ctx.submit_with_media(requests, f"chatcmpl-{uuid.uuid4().hex}", media, fields)
+        request_id, loop = f"chatcmpl-{uuid.uuid4().hex}", asyncio.get_running_loop()
+
+        def render_and_submit() -> Generation:   # on a frontend thread: the template and the tokenizer
+            prompt, media = chat_prompt(ctx.engine.tokenizer, body, ctx.media_markers, ctx.engine.max_model_len)
+            requests = [_choice_request(base, prompt, body.seed, i) for i in range(body.n)]
+            return ctx.submit_here(requests, request_id, loop, media, fields)
+
+        generation = await ctx.off_loop(render_and_submit)
         return await _respond(request, _ChatView(ctx, body, generation, token_text))
 
     return router
@@ -200,7 +209,12 @@ def _speech(ctx: ServerContext, body: ChatCompletionRequest) -> SpeechOutput:
     return ctx.speech_output(body.audio.voice, body.audio.max_frames, "audio")
 
 
-def _check_n(ctx: ServerContext, total: int) -> None:
+def _check_n(ctx: ServerContext, n: int, num_prompts: int = 1) -> None:
+    """`n` at most --max-n; n x prompts at most what the server holds at all (else a 400:
+    retrying would not help). What is free now is `check_room_for`'s (a 429)."""
+    if n > ctx.limits.max_n:
+        raise ApiError(400, f"n is {n}; at most {ctx.limits.max_n} choices are accepted (--max-n)", "n")
+    total = n * num_prompts
     limit = ctx.engine.args.max_num_seqs + ctx.engine.args.max_queue
     if total > limit:
         raise ApiError(400, f"the request asks for {total} sequences (n x prompts); the server holds {limit}", "n")
@@ -252,12 +266,12 @@ def _default(value, default):
 
 def render_chat(tokenizer, body: ChatCompletionRequest) -> list[int]:
     """Text-only messages -> prompt ids through the chat template (which brings its own special tokens)."""
-    return tokenizer.encode(chat_template_text(tokenizer, body, [m.text() for m in body.messages]),
-                            add_special_tokens=False)
+    return encode(tokenizer, chat_template_text(tokenizer, body, [m.text() for m in body.messages]), "the chat",
+                  add_special_tokens=False)
 
 
-def chat_prompt(tokenizer, body: ChatCompletionRequest,
-                markers: dict[str, str]) -> tuple[str | list[int], list[MediaRef]]:
+def chat_prompt(tokenizer, body: ChatCompletionRequest, markers: dict[str, str],
+                max_tokens: int | None = None) -> tuple[str | list[int], list[MediaRef]]:
     """The prompt of a chat and its media in prompt order. Each message's content becomes
     text with the model's marker at each media part's place (`chat_content`); without
     media the prompt is ids (as `render_chat`), with media the rendered text, which the
@@ -271,7 +285,7 @@ def chat_prompt(tokenizer, body: ChatCompletionRequest,
     if markers:   # the template may not add markers of its own either
         check_markers(text, markers, [ref.kind for ref in media], "messages")
     if not media:
-        return tokenizer.encode(text, add_special_tokens=False), media
+        return encode(tokenizer, text, "the prompt", add_special_tokens=False, max_tokens=max_tokens), media
     return _without_template_bos(tokenizer, text), media
 
 

@@ -73,8 +73,8 @@ from fastapi.responses import Response
 from omniwalk.capabilities import Capability
 from omniwalk.capabilities.speech import SpeechChunk, SpeechRequest, SpeechResult, SpeechUsage
 from omniwalk.server.generation import (
-    AbortingStreamingResponse, ClientDisconnected, Generation, ServerContext, disconnected_response,
-    unsupported_route_router, until_disconnected,
+    AbortingStreamingResponse, ClientDisconnected, Generation, JsonBodyRoute, ServerContext,
+    disconnected_response, unsupported_route_router, until_disconnected,
 )
 from omniwalk.server.protocol import ApiError, GenerateSpeechRequest, SpeechBody, error_body
 
@@ -89,13 +89,13 @@ WAV_UNKNOWN_SIZE = 0xFFFFFFFF   # RIFF and data sizes of a streamed WAV: "up to 
 
 def speech_router(ctx: ServerContext) -> APIRouter:
     """POST /v1/audio/speech on a speech model."""
-    router = APIRouter(prefix="/v1")
+    router = APIRouter(prefix="/v1", route_class=JsonBodyRoute)
     rate = ctx.engine.frontend(Capability.SPEECH).sampling_rate
 
     @router.post("/audio/speech")
     async def speech(body: SpeechBody, request: Request):
         _check_speech_body(ctx, body)
-        generation = _submit(ctx, speech_request(body, body.input), f"speech-{uuid.uuid4().hex}")
+        generation = await _submit(ctx, speech_request(body, body.input), f"speech-{uuid.uuid4().hex}")
         if body.stream_format == "sse":
             return AbortingStreamingResponse(_sse_events(generation), generation, media_type="text/event-stream",
                                              headers={"Cache-Control": "no-cache", **_stream_headers(generation, rate)})
@@ -127,12 +127,12 @@ def no_speech_router(ctx: ServerContext) -> APIRouter:
 
 def speech_generate_router(ctx: ServerContext) -> APIRouter:
     """POST /generate on a speech model: PCM in base64, as one answer or NDJSON lines."""
-    router = APIRouter()
+    router = APIRouter(route_class=JsonBodyRoute)
     rate = ctx.engine.frontend(Capability.SPEECH).sampling_rate
 
     @router.post("/generate")
     async def generate(body: GenerateSpeechRequest, request: Request):
-        generation = _submit(ctx, speech_request(body, body.prompt), f"gen-{uuid.uuid4().hex}")
+        generation = await _submit(ctx, speech_request(body, body.prompt), f"gen-{uuid.uuid4().hex}")
         if body.stream:
             return AbortingStreamingResponse(_ndjson(generation, rate), generation, media_type="application/x-ndjson")
         result = await _collect_or_abort(request, generation, rate)
@@ -178,8 +178,11 @@ def speech_request(body, text: str) -> SpeechRequest:
         raise ApiError(400, message, param) from None
 
 
-def _submit(ctx: ServerContext, request: SpeechRequest, request_id: str) -> Generation:
-    return Generation(ctx, [request], request_id)
+async def _submit(ctx: ServerContext, request: SpeechRequest, request_id: str) -> Generation:
+    """Submitted from a frontend thread (the frontend tokenizes the text)."""
+    ctx.check_room_for(1)
+    loop = asyncio.get_running_loop()
+    return await ctx.off_loop(lambda: Generation(ctx, [request], request_id, loop=loop))
 
 
 async def collect(generation: Generation, sample_rate: int) -> SpeechResult:

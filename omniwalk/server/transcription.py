@@ -24,6 +24,13 @@ Request: multipart/form-data (OpenAI's form plus two extensions)
   OpenAI fields that would change the output and are not implemented (include[],
   chunking_strategy, word timestamps, ...) are a 400 when set, never silently ignored.
 
+  Limits (ServerLimits; `omniwalk serve` flags): the file at most --max-upload-bytes
+  (25 MiB, a 413; the body as a whole is cut off while it streams, guard.py); the audio's
+  header is checked before anything is decoded (4 kHz to 384 kHz, 1 to 8 channels, at most
+  --max-audio-seconds, default 3600) and the decoded data against the same duration
+  (omniwalk/audio.py), each refusal a 400 on `file`. Decoding, resampling and features run
+  on a frontend thread, their memory the decoded length's.
+
 Responses (not streamed); every one carries the headers X-Request-Id, X-Finish-Reason
 ("length" | "stop") and X-Usage-Output-Tokens:
 
@@ -86,7 +93,6 @@ from omniwalk.server.protocol import ApiError, error_body
 
 FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
 STREAMABLE_FORMATS = ("json", "text")
-MAX_FILE_BYTES = 25 * 2**20   # OpenAI's limit for an audio upload
 OUTPUT_REASONS = ("length", "stop")
 
 #: the form fields the route reads, with what the OpenAPI schema says of them
@@ -118,11 +124,17 @@ def transcription_router(ctx: ServerContext) -> APIRouter:
 
     @router.post("/audio/transcriptions", openapi_extra=_openapi_form())
     async def transcriptions(request: Request):
-        form = await read_form(request)
+        form = await read_form(request, ctx.limits.max_upload_bytes)
         _check_form(ctx, form)
         transcription = form.request()                       # cheap checks before decoding
-        samples = await _decode(form.audio, frontend.sampling_rate)
-        generation = _submit(ctx, dataclasses.replace(transcription, audio=samples), f"trsc-{uuid.uuid4().hex}")
+        ctx.check_room_for(1)
+        request_id, loop = f"trsc-{uuid.uuid4().hex}", asyncio.get_running_loop()
+
+        def decode_and_submit() -> Generation:   # on a frontend thread: decoding, resampling, features
+            samples = _decode(form.audio, frontend.sampling_rate, ctx.limits.max_audio_seconds)
+            return _submit(ctx, dataclasses.replace(transcription, audio=samples), request_id, loop)
+
+        generation = await ctx.off_loop(decode_and_submit)
         if form.stream:
             headers = {"Cache-Control": "no-cache", "X-Request-Id": generation.request_id}
             return AbortingStreamingResponse(_sse_events(generation, positions), generation,
@@ -170,8 +182,9 @@ class TranscriptionForm:
             raise _bad_value(exc) from None
 
 
-async def read_form(request: Request) -> TranscriptionForm:
-    """The multipart body -> a TranscriptionForm; anything malformed is a 400."""
+async def read_form(request: Request, max_file_bytes: int) -> TranscriptionForm:
+    """The multipart body -> a TranscriptionForm; anything malformed is a 400, a file over
+    `max_file_bytes` a 413 (the body as a whole is capped while it streams: guard.py)."""
     content_type = request.headers.get("content-type", "")
     if not content_type.lower().startswith("multipart/form-data"):
         raise ApiError(400, f"the body must be multipart/form-data with the audio in `file` (got content type "
@@ -184,8 +197,8 @@ async def read_form(request: Request) -> TranscriptionForm:
         upload = values.pop("file", [None])[0]
         if not isinstance(upload, UploadFile):
             raise ApiError(400, "`file` is required: the audio as a file part of the form", "file")
-        if (upload.size or 0) > MAX_FILE_BYTES:
-            raise ApiError(413, f"the audio file is {upload.size} bytes; at most {MAX_FILE_BYTES} are accepted", "file")
+        if (upload.size or 0) > max_file_bytes:
+            raise ApiError(413, f"the audio file is {upload.size} bytes; at most {max_file_bytes} are accepted", "file")
         audio = await upload.read()
     fields = {name: _text_value(name, items) for name, items in values.items()}
     _check_granularities(values.get("timestamp_granularities[]", []))
@@ -268,10 +281,12 @@ def _bad_value(exc: ValueError) -> ApiError:
     return ApiError(400, message, param)
 
 
-async def _decode(audio: bytes, sampling_rate: int):
-    """File bytes -> 16 kHz samples, off the event loop (MP3 and long files take a while)."""
+def _decode(audio: bytes, sampling_rate: int, max_seconds: float):
+    """File bytes -> 16 kHz samples (a frontend thread's work: MP3 and long files take a
+    while). The header is checked before anything is decoded (rate, channels, duration) and
+    the decoded data against `max_seconds` again (audio.py); any refusal is a 400."""
     try:
-        return await asyncio.to_thread(load_audio, audio, sampling_rate)
+        return load_audio(audio, sampling_rate, max_seconds=max_seconds)
     except ValueError as exc:
         raise ApiError(400, str(exc), "file") from None
 
@@ -286,13 +301,14 @@ def _openapi_form() -> dict:
 # ----------------------------------------------------------------------------- running it
 
 
-def _submit(ctx: ServerContext, request: TranscriptionRequest, request_id: str) -> Generation:
+def _submit(ctx: ServerContext, request: TranscriptionRequest, request_id: str,
+            loop: asyncio.AbstractEventLoop) -> Generation:
     def submit(transcription: TranscriptionRequest, sub_id: str, loop):
         try:
             return ctx.engine.submit(transcription, sub_id, loop)
         except ValueError as exc:
             raise _bad_value(exc) from None
-    return Generation(ctx, [request], request_id, submit)
+    return Generation(ctx, [request], request_id, submit, loop=loop)
 
 
 async def collect(generation: Generation) -> TranscriptionResult:

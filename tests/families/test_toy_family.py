@@ -20,8 +20,8 @@ from toy_family import REVERSE_FAMILY  # noqa: E402
 
 
 def _server_helpers():
-    """tests/server/conftest.py (a real server on a loopback port), loaded by path."""
-    spec = importlib.util.spec_from_file_location("server_helpers", Path(__file__).parents[1] / "server" / "conftest.py")
+    """tests/server/running.py (a real server on a loopback port), loaded by path."""
+    spec = importlib.util.spec_from_file_location("server_helpers", Path(__file__).parents[1] / "server" / "running.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -1,96 +1,33 @@
-"""A real server on a loopback port: uvicorn in a background thread over an Engine whose loop
-runs in an engine process of its own, as `omniwalk serve` runs it."""
+"""The server fixtures: engines and servers on loopback ports (running.py runs them), shared by
+a module or, for the speech and transcription models, by the whole session."""
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import socket
-import threading
-import time
-from typing import Iterator
-
 import httpx
 import pytest
-import uvicorn
+from running import launch
 
-from omniwalk.api import Engine
 from omniwalk.loading import EngineArgs
-from omniwalk.server import build_app
-
-
-class RunningServer:
-    def __init__(self, engine: Engine, **app_options):
-        self.engine = engine
-        self.app = build_app(engine, **app_options)
-        self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.socket.bind(("127.0.0.1", 0))
-        self.port = self.socket.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(self.app, log_level="warning", timeout_keep_alive=30)
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]}, daemon=True)
-
-    def __enter__(self) -> "RunningServer":
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            if time.monotonic() > deadline or not self.thread.is_alive():
-                raise RuntimeError("the server did not start")
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
-        self.socket.close()
-
-    @property
-    def initial_free_pages(self) -> int:
-        return self.engine.stats.kv_pages_total
-
-    def wait_idle(self, timeout: float = 10.0) -> None:
-        """Until no request is in flight or in the runtime and every KV page is back (as the
-        engine's stats say: they come with each step's outputs and the idle loop's heartbeat)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            stats = self.engine.stats
-            if (self.engine.num_in_flight == 0 and stats.kv_pages_used == 0 and stats.num_running == 0
-                    and stats.num_waiting == 0):
-                return
-            time.sleep(0.02)
-        raise AssertionError(f"not idle after {timeout}s: {self.engine.num_in_flight} in flight, {stats}")
-
-    def metric(self, name: str, labels: dict | None = None) -> float:
-        """One sample of /metrics, read over HTTP."""
-        from prometheus_client.parser import text_string_to_metric_families
-
-        text = httpx.get(self.url + "/metrics").text
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name == name and (labels is None or all(sample.labels.get(k) == v
-                                                                  for k, v in labels.items())):
-                    return sample.value
-        raise KeyError(name)
-
-
-@contextlib.contextmanager
-def launch(args: EngineArgs, engine_process: bool = True, **app_options) -> Iterator[RunningServer]:
-    """An engine (its loop in an engine process unless `engine_process` is False) and a
-    server on it, both stopped on exit."""
-    engine = Engine(dataclasses.replace(args, engine_process=engine_process))
-    try:
-        with RunningServer(engine, **app_options) as running:
-            yield running
-    finally:
-        engine.shutdown()
 
 
 @pytest.fixture(scope="session")
 def launch_server():
     """`with launch_server(EngineArgs(...)) as running:` for tests that need their own engine."""
     return launch
+
+
+@pytest.fixture(scope="session")
+def whisper_server():
+    """tiny-whisper, shared by every module that transcribes (one engine process for the session)."""
+    with launch(EngineArgs("tiny-whisper", max_num_seqs=16)) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def tts_server():
+    """tiny-orpheus, shared by every module that speaks."""
+    with launch(EngineArgs("tiny-orpheus")) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")

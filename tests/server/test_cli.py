@@ -48,6 +48,26 @@ def test_serve_flags_become_engine_args():
     assert engine_args.gpu_memory_utilization == 0.5 and engine_args.device == "cpu"
 
 
+def test_serve_flags_become_server_limits():
+    from omniwalk.server.app import server_limits
+    from omniwalk.server.limits import ServerLimits
+
+    args = build_parser().parse_args([
+        "serve", "--max-request-body-bytes", "1000", "--max-upload-bytes", "2000", "--max-audio-seconds", "30",
+        "--max-n", "4", "--timeout-header", "2", "--timeout-body", "3", "--timeout-keep-alive", "4",
+        "--max-connections", "50", "--allowed-origins", "https://A.example/", "http://b.example:81",
+        "--allowed-hosts", "example.com", "--allowed-hosts", "*.example.com",
+    ])
+    assert server_limits(args) == ServerLimits(
+        max_request_body_bytes=1000, max_upload_bytes=2000, max_audio_seconds=30, max_n=4, timeout_header_s=2,
+        timeout_body_s=3, timeout_keep_alive_s=4, max_connections=50,
+        allowed_origins=("https://a.example", "http://b.example:81"), allowed_hosts=("example.com", "*.example.com"))
+    assert server_limits(build_parser().parse_args(["serve"])) == ServerLimits()   # the flags' defaults are its own
+    for bad in (["--max-n", "0"], ["--timeout-header", "0"], ["--allowed-origins", "example.com"]):
+        with pytest.raises(ValueError):
+            server_limits(build_parser().parse_args(["serve", *bad]))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["--engine-process", "--no-engine-process"])
 def test_serve_process(mode):

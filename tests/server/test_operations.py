@@ -70,6 +70,7 @@ def test_health_503_when_loop_dies(launch_server):
         assert response.status_code == 503 and response.json()["status"] == "dead"
         refused = httpx.post(running.url + "/generate", json={"prompt": "Hi"})
         assert refused.status_code == 503 and refused.json()["error"]["code"] == 503
+        assert refused.headers["retry-after"] == "1"
 
 
 def test_health_503_when_loop_is_stuck(launch_server, tmp_path):

@@ -28,9 +28,8 @@ TEXT = "The river ran past the old mill."
 
 
 @pytest.fixture(scope="module")
-def tts(launch_server):
-    with launch_server(EngineArgs("tiny-orpheus")) as running:
-        yield running
+def tts(tts_server):
+    return tts_server
 
 
 @pytest.fixture(scope="module")

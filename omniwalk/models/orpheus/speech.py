@@ -88,7 +88,7 @@ class OrpheusSpeechFrontend(SpeechFrontend):
     def prompt_ids(self, request: SpeechRequest) -> list[int]:
         """[start_of_human] bos "voice: text" [eot end_of_human start_of_ai start_of_speech]."""
         text = f"{request.voice}: {request.input}" if request.voice else request.input
-        return self.tokens.prompt_ids(encode(self.tokenizer, text, "the input"))
+        return self.tokens.prompt_ids(encode(self.tokenizer, text, "the input", max_tokens=self.max_model_len))
 
     def prepare(self, request: SpeechRequest, request_id: str, draw_seed: Callable[[], int]) -> Prepared:
         if request.voice is not None and request.voice not in self.voices:

@@ -123,7 +123,7 @@ class ThinkerTextFrontend(TextFrontend):
             if piece in self.marker_ids:
                 ids.append(self.marker_ids[piece])
             elif piece:
-                ids.extend(encode(self.tokenizer, piece, "the prompt"))
+                ids.extend(encode(self.tokenizer, piece, "the prompt", max_tokens=self.max_model_len))
         if not ids:
             raise ValueError("the prompt is empty")
         return ids
