@@ -56,7 +56,7 @@ PY
   fi
 }
 
-need_modules httpx fastapi uvicorn prometheus_client soundfile python_multipart
+need_modules httpx fastapi uvicorn prometheus_client soundfile soxr python_multipart
 
 echo "machine: $(python3 -c "import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU', '| torch', torch.__version__)" 2> /dev/null), $(nproc) CPUs"
 echo "commit: ${OMNIWALK_COMMIT:-$(git rev-parse --short HEAD 2> /dev/null || echo unknown)}$(git status --porcelain --untracked-files=no 2> /dev/null | grep -q . && echo ' (dirty)')"

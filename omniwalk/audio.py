@@ -2,8 +2,8 @@
 
 Bytes of an audio file (WAV, FLAC, MP3, OGG: whatever libsndfile reads, through
 `soundfile`) are decoded block by block, each block's channels averaged to mono and
-resampled to the model's rate as it comes (`Resampler`: windowed sinc, polyphase), so
-work and memory follow the decoded length: the output and one block.
+resampled to the model's rate as it comes (`Resampler`: libsoxr, streaming), so work and
+memory follow the decoded length: the output and one block.
 A numpy array is taken as samples already at the model's rate.
 Unreadable or empty audio raises ValueError with a message a client can act on.
 
@@ -25,7 +25,6 @@ server decode or resample a huge signal (a 20 KB WAV claiming 1 Hz would be resa
 from __future__ import annotations
 
 import io
-import math
 
 import numpy as np
 
@@ -120,119 +119,26 @@ def resample(samples: np.ndarray, rate: int, target_rate: int) -> np.ndarray:
 
 
 class Resampler:
-    """Streaming band-limited resampling: a windowed-sinc filter (Hann window, 6 zero
-    crossings each side, cut off at 0.99 x the lower Nyquist rate: torchaudio's default
-    `sinc_interp_hann`), applied polyphase. Work is ~2W multiply-adds per output sample and
-    memory the output plus one block of input, whatever the length.
-
-    The rates reduce to `up / down` (44100 -> 16000: 160 / 441). Output sample m sits at
-    source time t = m * down / up, between source samples i = floor(t) and i + 1; its phase
-    p = (m * down) mod up picks one row of taps, weighing the 2W source samples around t:
-
-        source  ... x[i-W+1] ... x[i] | x[i+1] ... x[i+W] ...      (zeros outside the signal)
-                                      t
-        y[m] = sum_k x[i + k] * taps[p, k + W - 1],   k = -W+1 .. W
-
-    Outputs m, m + up, m + 2 up, ... share a phase and step `down` source samples apart,
-    so each phase of a block is one matrix-vector product over a strided view of the input
-    (a pass with few outputs per phase gathers each output's window instead: `_gather`).
-    The output has round(n * target / rate) samples (at least 1), as the FFT resampler had."""
-
-    ZERO_CROSSINGS = 6
-    ROLLOFF = 0.99
-    #: outputs computed per pass: at least this many, and at least 16 per phase
-    BLOCK_OUTPUTS = 2**16
-    #: a pass with fewer outputs per phase gathers each output's window instead
-    MIN_ROWS_PER_PHASE = 8
-    GATHER_OUTPUTS = 2**14
+    """Streaming band-limited resampling by libsoxr (`soxr.ResampleStream`, its "HQ" quality:
+    a linear-phase filter whose pass band is flat to 0.01 dB), block by block: memory is the
+    output plus the filter's state, whatever the length. Blocks of any sizes give the same
+    samples as one block; n input samples give round(n * target_rate / rate) outputs."""
 
     def __init__(self, rate: int, target_rate: int):
-        self.identity = rate == target_rate
-        divisor = math.gcd(rate, target_rate)
-        self.up, self.down = target_rate // divisor, rate // divisor
-        self.received = 0                      # source samples fed so far
-        self.next_output = 0                   # index of the next output sample to compute
-        self.outputs: list[np.ndarray] = []
-        if self.identity:
-            return
-        cutoff = self.ROLLOFF * min(rate, target_rate) / 2 / rate      # cycles per source sample
-        reach = self.ZERO_CROSSINGS / (2 * cutoff)                      # the window's half width, in samples
-        self.half_width = W = math.ceil(reach)
-        # offset of tap k from the output's time, per phase: [up, 2W]
-        offsets = np.arange(-W + 1, W + 1)[None, :] - np.arange(self.up)[:, None] / self.up
-        window = np.where(np.abs(offsets) <= reach, np.cos(np.pi * offsets / (2 * reach)) ** 2, 0.0)
-        self.taps = (2 * cutoff * np.sinc(2 * cutoff * offsets) * window).astype(np.float32)
-        self.buffer = np.zeros(W - 1, dtype=np.float32)   # x[-W+1 .. -1]: the zeros before the signal
-        self.buffer_start = -(W - 1)                       # the source index of buffer[0]
-        self.pending: list[np.ndarray] = []
-        self.pending_frames = 0
-        self.block_outputs = max(self.BLOCK_OUTPUTS, 16 * self.up)
+        import soxr
+
+        self.stream = None if rate == target_rate else soxr.ResampleStream(rate, target_rate, 1, dtype="float32",
+                                                                           quality="HQ")
+        self.parts: list[np.ndarray] = []
 
     def feed(self, samples: np.ndarray) -> None:
-        """More source samples (float32 mono)."""
-        self.received += samples.size
-        if self.identity:
-            self.outputs.append(samples)
-            return
-        self.pending.append(samples)
-        self.pending_frames += samples.size
-        if self.pending_frames * self.up >= self.block_outputs * self.down:
-            self._run(self._computable_outputs())
+        samples = np.asarray(samples, dtype=np.float32)
+        self.parts.append(samples if self.stream is None else self.stream.resample_chunk(samples))
 
     def finish(self) -> np.ndarray:
-        """The output: every sample, float32."""
-        if self.identity:
-            out = np.concatenate(self.outputs) if self.outputs else np.zeros(0, np.float32)
-            return np.ascontiguousarray(out, dtype=np.float32)
-        if self.received:
-            total = max(1, round(self.received * self.up / self.down))
-            self.pending.append(np.zeros(2 * self.half_width + self.down, dtype=np.float32))   # the zeros after
-            self._run(total)
-        return np.concatenate(self.outputs) if self.outputs else np.zeros(0, np.float32)
-
-    def _gather(self, start: int, out: np.ndarray) -> None:
-        """out[j] = output start + j, each from its own window and phase (a short pass, or a
-        rate whose `up` is large: 16001 Hz has 16000 phases, one matrix-vector product each
-        would cost ~50 us per output sample)."""
-        W, up, down = self.half_width, self.up, self.down
-        taps = np.arange(2 * W)
-        for lo in range(0, out.size, self.GATHER_OUTPUTS):
-            m = np.arange(start + lo, start + min(out.size, lo + self.GATHER_OUTPUTS), dtype=np.int64)
-            first = (m * down) // up - W + 1 - self.buffer_start
-            windows = self.buffer[first[:, None] + taps]                 # [outputs, 2W]
-            out[lo:lo + m.size] = np.einsum("ij,ij->i", windows, self.taps[(m * down) % up])
-
-    def _computable_outputs(self) -> int:
-        """Outputs m whose last tap x[i_m + W] has arrived: i_m + W < received."""
-        last_source = self.received - self.half_width - 1
-        return 0 if last_source < 0 else (last_source * self.up) // self.down + 1
-
-    def _run(self, end: int) -> None:
-        """Computes outputs [next_output, end) and drops the input no later output needs."""
-        if self.pending:
-            self.buffer = np.concatenate([self.buffer, *self.pending])
-            self.pending, self.pending_frames = [], 0
-        W, up, down = self.half_width, self.up, self.down
-        start = self.next_output
-        out = np.empty(max(0, end - start), dtype=np.float32)
-        if out.size < self.MIN_ROWS_PER_PHASE * up:   # few outputs per phase: gather them instead
-            self._gather(start, out)
-        else:
-            for r in range(up):
-                m = start + r
-                phase, source = (m * down) % up, (m * down) // up
-                rows = len(range(r, out.size, up))
-                first = source - W + 1 - self.buffer_start
-                view = np.lib.stride_tricks.as_strided(self.buffer[first:], shape=(rows, 2 * W),
-                                                       strides=(down * 4, 4), writeable=False)
-                out[r::up] = view @ self.taps[phase]
-        if out.size:
-            self.outputs.append(out)
-        self.next_output = max(start, end)
-        keep_from = (self.next_output * down) // up - W + 1     # the first tap of the next output
-        if keep_from > self.buffer_start:
-            self.buffer = self.buffer[keep_from - self.buffer_start:].copy()
-            self.buffer_start = keep_from
+        if self.stream is not None:
+            self.parts.append(self.stream.resample_chunk(np.zeros(0, np.float32), last=True))
+        return np.concatenate(self.parts) if self.parts else np.zeros(0, np.float32)
 
 
 def load_audio(audio: np.ndarray | bytes | bytearray | memoryview, sampling_rate: int,
