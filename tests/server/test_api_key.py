@@ -117,14 +117,14 @@ def test_openai_client_with_and_without_the_key(locked):
 def test_bench_in_a_terminal_prints_one_clean_progress_bar(locked, tmp_path):
     """vLLM's flag names, the key from $OPENAI_API_KEY, and no per-request log lines."""
     result = tmp_path / "result.json"
-    command = [sys.executable, "-m", "omniwalk.cli", "bench", "--base-url", locked.url, "--num-prompts", "16",
-               "--max-concurrency", "4", "--random-input-len", "8", "--random-output-len", "3", "--ignore-eos",
+    command = [sys.executable, "-m", "omniwalk.cli", "bench", "--base-url", locked.url, "--num-prompts", "64",
+               "--max-concurrency", "8", "--random-input-len", "8", "--random-output-len", "2", "--ignore-eos",
                "--save-result", "--result-dir", str(tmp_path), "--result-filename", result.name]
     output, code = run_in_terminal(command, {**os.environ, "OPENAI_API_KEY": KEY})
     assert code == 0, output
     assert "HTTP Request" not in output and not any(LOG_LINE.match(line) for line in output.splitlines()), output
-    bars = [line for line in output.replace("\r", "\n").splitlines() if "16/16 requests" in line]
-    assert bars and "omniwalk bench: c=4, closed loop" in output, output
+    bars = [line for line in output.replace("\r", "\n").splitlines() if "64/64 requests" in line]
+    assert bars and "omniwalk bench: c=8, closed loop" in output, output
     assert result.is_file()
 
 
