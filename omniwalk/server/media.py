@@ -258,11 +258,11 @@ def media_prompt(prompt: str, refs_by_kind: dict[str, list[MediaRef]],
 
 
 def name_the_item(exc: ApiError, media: tuple[MediaInput, ...]) -> ApiError:
-    """A frontend's 400 about one item (its message starts with the item's name) with that name as `param`."""
-    if exc.param is None:
-        for item in media:
-            rest = exc.message[len(item.name):]
-            if exc.message.startswith(item.name) and (not rest or rest[0] in ": "):
-                exc.param = item.name
-                break
+    """A frontend's 400 about one item (its message starts with the item's name) with that
+    name as `param`, over a body field the message happens to name too ("the audio ...")."""
+    for item in media:
+        rest = exc.message[len(item.name):]
+        if exc.message.startswith(item.name) and (not rest or rest[0] in ": "):
+            exc.param = item.name
+            break
     return exc
