@@ -7,6 +7,9 @@ frontend contract.
     result = transcribe(engine, TranscriptionRequest(samples))   # all of it at once
 
 Audio: bytes of a WAV/FLAC/MP3/OGG file, or float32 mono samples at the model's rate.
+Timestamps: `timestamp_granularities=("segment",)` decodes with Whisper's timestamp tokens:
+`segments` then hold the model's segments (times from its timestamps); without, one
+segment per 30 s window of audio.
 Counting: `max_output_tokens` (N) is the budget of the transcript stream: exactly N tokens
 unless the EOS stops it first; the stopping EOS counts toward N and is listed in
 `token_ids`, but never becomes text.
@@ -22,6 +25,7 @@ from omniwalk.capabilities import Capability, Frontend
 from omniwalk.engine.sampler import SamplingParams
 
 TASKS = ("transcribe", "translate")
+GRANULARITIES = ("segment",)
 
 
 @dataclass(frozen=True)
@@ -35,13 +39,23 @@ class TranscriptionRequest:
     max_output_tokens: int | None = None
     temperature: float = 0.0            # 0: greedy
     seed: int | None = None             # None: drawn by the engine
+    timestamp_granularities: tuple[str, ...] = ()   # ("segment",): decode timestamps
 
     def __post_init__(self):
         if self.task not in TASKS:
             raise ValueError(f"task must be one of {TASKS}, got {self.task!r}")
+        for granularity in self.timestamp_granularities:
+            if granularity not in GRANULARITIES:
+                raise ValueError(f"timestamp_granularities: {granularity!r} is not supported; supported: "
+                                 f"{', '.join(GRANULARITIES)}")
         if self.max_output_tokens is not None and self.max_output_tokens < 1:
             raise ValueError(f"max_output_tokens must be >= 1, got {self.max_output_tokens}")
         self.sampling()   # validates temperature
+
+    @property
+    def timestamps(self) -> bool:
+        """Whether the model decodes timestamp tokens (segments of its own)."""
+        return "segment" in self.timestamp_granularities
 
     def sampling(self, seed: int | None = None) -> SamplingParams:
         return SamplingParams(temperature=self.temperature, seed=seed)
@@ -56,13 +70,15 @@ class TranscriptionUsage:
 
 @dataclass
 class TranscriptSegment:
-    """One window's transcript."""
+    """A span of the transcript: a segment the model closed with timestamps, or a window's
+    whole transcript (no timestamps)."""
 
     window: int
     start: float            # seconds into the audio
     end: float
     text: str               # stripped
-    token_ids: list[int]    # its transcript tokens (no EOS)
+    token_ids: list[int]    # its tokens (no EOS; its timestamp tokens included)
+    seek: int = 0           # the first mel frame of its window (100 a second)
 
 
 @dataclass

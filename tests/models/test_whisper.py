@@ -46,18 +46,22 @@ CLIPS = {"sine-3s": clip("sine", 3), "chirp-11s": clip("chirp", 11), "noise-29s"
 
 
 @pytest.mark.parametrize("bins", [80, 128])
-def test_log_mel_matches_whisper_feature_extractor(bins):
+def test_log_mel_matches_whisper_feature_extractor(bins, monkeypatch):
     reference = transformers.WhisperFeatureExtractor(feature_size=bins)
     ours = LogMelFeatures(FeatureConfig(num_mel_bins=bins))
-    audio = np.concatenate([clip("chirp", 31), clip("noise", 20, seed=1)])     # 51 s: two windows
-    features = ours(audio)
-    assert features.shape == (2, bins, 3000)
-    for w in range(2):   # each window is featurized as a clip of its own
-        expected = reference(audio[w * WINDOW:(w + 1) * WINDOW], sampling_rate=SR, return_tensors="np")
-        assert np.abs(features[w].numpy() - expected.input_features[0]).max() < 1e-4
-    for signal in CLIPS.values():
-        expected = reference(signal, sampling_rate=SR, return_tensors="np").input_features
-        assert np.abs(ours(signal).numpy() - expected).max() < 1e-4
+    monkeypatch.setattr(LogMelFeatures, "BLOCK_WINDOWS", 1)     # STFT blocks of one window: seams inside
+    audio = np.concatenate([clip("chirp", 31), clip("noise", 20, seed=1)])     # 51 s: long-form
+    frames = ours(audio)
+    expected = reference(audio, sampling_rate=SR, return_tensors="np", truncation=False,
+                         padding="longest").input_features[0]           # what long-form generate takes
+    assert frames.frames.shape == expected.shape == (bins, 5100)
+    assert np.abs(frames.frames.numpy() - expected).max() < 1e-4
+    assert frames.consecutive_seeks == (0, 3000) and frames.window_length(3000) == 2100
+    tail = frames.window(3000).numpy()   # the frames from 3000 on, zero-padded as generate pads a window
+    assert np.array_equal(tail[:, :2100], frames.frames[:, 3000:].numpy()) and not tail[:, 2100:].any()
+    for signal in CLIPS.values():   # up to 30 s: padded to one window (short-form)
+        expected = reference(signal, sampling_rate=SR, return_tensors="np").input_features[0]
+        assert np.abs(ours(signal).frames.numpy() - expected).max() < 1e-4
 
 
 def test_audio_files_decode_to_16khz_mono():
@@ -124,15 +128,32 @@ def engine(checkpoint):
 
 
 def hf_generate(model, audio, eos=None, max_new_tokens=24, **kwargs) -> list[int]:
-    """HF's greedy ids after the decoder prompt (a final EOS included)."""
-    features = transformers.WhisperFeatureExtractor(feature_size=80)(audio, sampling_rate=SR, return_tensors="pt")
-    options = dict(task="transcribe", max_new_tokens=max_new_tokens, do_sample=False, return_dict_in_generate=True)
+    """HF's greedy ids after the decoder prompt (a final EOS included), of one window: a
+    random model samples ids past <|notimestamps|> even without timestamps, which HF's
+    long-form loop would take for timestamps (force_unique_generate_call: no loop)."""
+    if not torch.is_tensor(audio):
+        audio = transformers.WhisperFeatureExtractor(feature_size=80)(audio, sampling_rate=SR,
+                                                                      return_tensors="pt").input_features
+    options = dict(task="transcribe", max_new_tokens=max_new_tokens, do_sample=False, return_dict_in_generate=True,
+                   force_unique_generate_call=True)
     if eos is not None:
         options["eos_token_id"] = eos
-    sequence = model.generate(features.input_features, **options, **kwargs).sequences[0].tolist()
+    sequence = model.generate(audio, **options, **kwargs).sequences[0].tolist()
     start = len(kwargs.get("prompt_ids", ())) + 4      # [prompt] sot language task notimestamps
     assert sequence[start - 1] == hf_generation_config().no_timestamps_token_id
     return sequence[start:]
+
+
+def long_form_features(audio) -> torch.Tensor:
+    """[1, 80, frames]: the features of audio over 30 s as HF's long-form generate takes them."""
+    return transformers.WhisperFeatureExtractor(feature_size=80)(
+        audio, sampling_rate=SR, return_tensors="pt", truncation=False, padding="longest").input_features
+
+
+def window_of(features: torch.Tensor, seek: int) -> torch.Tensor:
+    """[1, 80, 3000]: the window at `seek`, zero-padded, as HF's long-form loop cuts it."""
+    part = features[:, :, seek:seek + 3000]
+    return torch.nn.functional.pad(part, (0, 3000 - part.shape[-1]))
 
 
 def greedy(audio, n, **options) -> TranscriptionRequest:
@@ -157,7 +178,7 @@ def test_language_detection_and_prompt_equal_hf_generate(engine, checkpoint):
     detected = transcribe(engine, greedy(audio, 16))
     full = model.generate(transformers.WhisperFeatureExtractor(feature_size=80)(
         audio, sampling_rate=SR, return_tensors="pt").input_features, task="transcribe", max_new_tokens=16,
-        return_dict_in_generate=True).sequences[0].tolist()
+        return_dict_in_generate=True, force_unique_generate_call=True).sequences[0].tolist()
     assert detected.token_ids == full[4:]
     language = next(k.strip("<|>") for k, v in hf_generation_config().lang_to_id.items() if v == full[1])
     assert detected.language == language
@@ -224,10 +245,10 @@ def test_long_audio_windows_in_order_joined_by_a_space(eos_engine, checkpoint):
     _, model, tokenizer = checkpoint
     eos = free[index]
     audio = np.concatenate([clip("noise", 30, seed=3), clip("chirp", 30, seed=1), clip("sine", 5, seed=2)])
+    frames = long_form_features(audio)
     windows = []
     for w in range(3):   # HF on each window alone; a window without EOS runs to the context limit
-        ids = hf_generate(model, audio[w * WINDOW:(w + 1) * WINDOW], eos=eos, language="en",
-                          max_new_tokens=MAX_TARGET - 4)
+        ids = hf_generate(model, window_of(frames, 3000 * w), eos=eos, language="en", max_new_tokens=MAX_TARGET - 4)
         windows.append(ids[:-1] if ids and ids[-1] == eos else ids)
     expected = [t for ids in windows for t in ids] + [eos]   # the last window's EOS: natural or forced
     result = transcribe(engine, TranscriptionRequest(audio, language="en"))
@@ -354,7 +375,7 @@ def test_english_only_checkpoint_equals_hf_generate(checkpoint, tmp_path):
     audio = CLIPS["chirp-11s"]
     features = transformers.WhisperFeatureExtractor(feature_size=80)(audio, sampling_rate=SR, return_tensors="pt")
     expected = model.generate(features.input_features, generation_config=english, max_new_tokens=12,
-                              return_dict_in_generate=True).sequences[0].tolist()
+                              return_dict_in_generate=True, force_unique_generate_call=True).sequences[0].tolist()
     assert expected[:2] == [english.decoder_start_token_id, english.no_timestamps_token_id]
     with Engine(EngineArgs(str(copy), max_num_seqs=2)) as engine:
         result = transcribe(engine, greedy(audio, 12))

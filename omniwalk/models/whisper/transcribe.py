@@ -9,18 +9,28 @@ segments) and its warm-up requests.
 Audio: bytes of a WAV/FLAC/MP3/OGG file (decoded, mixed to mono, resampled to 16 kHz),
 or float32 samples at 16 kHz. Unreadable or empty audio raises ValueError.
 
-Long audio: cut into consecutive 30 s windows (features.py), decoded in order on one
-stream, each window from the same forced prompt (the request's `prompt` included). The
-transcript is the windows' texts, each stripped of surrounding whitespace, joined with a
-single space (empty windows skipped); the streamed deltas add up to exactly that text.
-`segments` lists each window's text and token ids with its time span.
+Long audio: 30 s windows of its mel frames (features.py), decoded in order on one
+stream, each window from the same forced prompt (the request's `prompt` included).
+
+    no timestamps   consecutive windows; the streamed text is each window's text, stripped
+                    of surrounding whitespace, windows joined with a single space (empty
+                    windows skipped). `segments`: one per window with text, its span.
+    timestamps      (timestamp_granularities=("segment",)) the model's segments and the
+                    next window's start from its timestamp tokens (timestamps.py); a
+                    window's text is streamed when it ends: its segments' texts, stripped,
+                    joined with a single space like the windows'. Tokens after a window's
+                    last complete segment are decoded again by the next window: they stay
+                    in `token_ids` (the budget counted them) but not in the text.
+
+The streamed deltas add up to exactly the final text.
 
 Counting: `max_output_tokens` (N) is the budget of the transcript stream: exactly N
 tokens unless EOS stops it first; the stopping EOS counts toward N and is listed in
 `token_ids`, but never becomes text. The budget counts tokens across windows; the EOS
 that ends a window other than the last is not an output. N = None: as many as the
 windows' decoder contexts hold (windows * (max_target_positions - prompt length)),
-also the largest N accepted.
+also the largest N accepted; with timestamps the windows are not known up front, so any
+N is accepted and None is as many as a window per mel frame would hold.
 """
 
 from __future__ import annotations
@@ -40,7 +50,9 @@ from omniwalk.models.whisper.config import WhisperConfig, WhisperGenerationConfi
 from omniwalk.models.whisper.executors import WindowInfo
 from omniwalk.models.whisper.features import LogMelFeatures
 from omniwalk.models.whisper.model import TRANSCRIPT_STREAM, TranscriptionInputs, WhisperTranscriptionModel
+from omniwalk.models.whisper.timestamps import split_window, window_offset
 from omniwalk.runtime import FinishReason, Request, RequestOutput, StopConfig, StreamParams
+
 
 class TranscriptText:
     """Window texts, each stripped, joined by one space, streamed as deltas.
@@ -55,16 +67,16 @@ class TranscriptText:
         self.started = False       # the window has emitted text
         self.held = ""             # trailing whitespace of the window, not yet emitted
         self.any_text = False      # some window has emitted text: the next one starts with " "
-        self.segments: dict[int, tuple[list[int], list[str]]] = {}
+        self.windows: dict[int, tuple[WindowInfo, list[int], list[str]]] = {}
 
-    def add(self, window: int, token: int) -> str:
+    def add(self, info: WindowInfo, token: int) -> str:
         out = ""
-        if window != self.window:
+        if info.index != self.window:
             out = self._end_window()
-            self.window, self.detokenizer = window, IncrementalDetokenizer(self.tokenizer)
+            self.window, self.detokenizer = info.index, IncrementalDetokenizer(self.tokenizer)
             self.started, self.held = False, ""
-            self.segments[window] = ([], [])
-        self.segments[window][0].append(token)
+            self.windows[info.index] = (info, [], [])
+        self.windows[info.index][1].append(token)
         return out + self._feed(self.detokenizer.add(token))
 
     def finish(self) -> str:
@@ -89,8 +101,58 @@ class TranscriptText:
         text = self.held + delta
         body = text.rstrip()
         self.held = text[len(body):]
-        self.segments[self.window][1].append(body)
+        self.windows[self.window][2].append(body)
         return prefix + body
+
+    def segments(self, duration: float) -> list[TranscriptSegment]:
+        """One per window that sampled a token: the window's span (ending at the audio's end)."""
+        return [TranscriptSegment(w, window_offset(info.seek), min(window_offset(info.seek + info.num_frames), duration),
+                                  "".join(texts), ids, info.seek)
+                for w, (info, ids, texts) in sorted(self.windows.items())]
+
+
+class TimestampedText:
+    """The text of windows decoded with timestamps: a window's segments (timestamps.py)
+    once it ends, each segment's text stripped, non-empty ones joined by one space."""
+
+    def __init__(self, tokenizer, timestamp_begin: int):
+        self.tokenizer = tokenizer
+        self.timestamp_begin = timestamp_begin
+        self.window: WindowInfo | None = None
+        self.tokens: list[int] = []         # the current window's
+        self.any_text = False
+        self.done: list[TranscriptSegment] = []
+
+    def add(self, info: WindowInfo, token: int) -> str:
+        out = self._end_window() if self.window is not None and info.index != self.window.index else ""
+        self.window = info
+        self.tokens.append(token)
+        return out
+
+    def finish(self) -> str:
+        return self._end_window()
+
+    def segments(self, duration: float) -> list[TranscriptSegment]:
+        return list(self.done)
+
+    def _end_window(self) -> str:
+        info, tokens = self.window, self.tokens
+        if info is None:
+            return ""
+        self.window, self.tokens = None, []
+        pieces = []
+        for segment in split_window(tokens, info.seek, info.num_frames, self.timestamp_begin)[0]:
+            text = self.tokenizer.decode([t for t in segment.tokens if t < self.timestamp_begin],
+                                         skip_special_tokens=True).strip()
+            self.done.append(TranscriptSegment(info.index, segment.start, segment.end, text, list(segment.tokens),
+                                               info.seek))
+            if text:
+                pieces.append(text)
+        if not pieces:
+            return ""
+        out = (" " if self.any_text else "") + " ".join(pieces)
+        self.any_text = True
+        return out
 
 
 class TranscriptionOutputProcessor:
@@ -98,16 +160,16 @@ class TranscriptionOutputProcessor:
 
     ends_request = False
 
-    def __init__(self, request_id: str, generation: WhisperGenerationConfig, window_seconds: float, tokenizer,
-                 stop_ids: frozenset[int], language: str | None, duration: float, num_windows: int):
+    def __init__(self, request_id: str, generation: WhisperGenerationConfig, tokenizer, stop_ids: frozenset[int],
+                 language: str | None, duration: float, num_windows: int | None, timestamps: bool):
         self.request_id = request_id
         self.generation = generation
-        self.window_seconds = window_seconds
-        self.text = TranscriptText(tokenizer)
+        self.text = TimestampedText(tokenizer, generation.timestamp_begin) if timestamps else TranscriptText(tokenizer)
         self.stop_ids = stop_ids
         self.language = language
         self.duration = duration
-        self.num_windows = num_windows
+        self.num_windows = num_windows or 1    # None: counted as they come (timestamps)
+        self.counts_windows = num_windows is None
         self.num_ids = 0
 
     def process(self, out: RequestOutput) -> TranscriptionChunk:
@@ -117,10 +179,12 @@ class TranscriptionOutputProcessor:
         for position, (token, info) in enumerate(zip(ids, windows)):
             if self.language is None and info.language is not None:
                 self.language = self.generation.language_code(info.language)
+            if self.counts_windows:
+                self.num_windows = max(self.num_windows, info.index + 1)
             is_stop_item = out.finished and out.finish_reason == FinishReason.STOP and position == len(ids) - 1 \
                 and token in self.stop_ids
             if not is_stop_item:   # counted and returned as an id, never rendered
-                pieces.append(self.text.add(info.index, token))
+                pieces.append(self.text.add(info, token))
         self.num_ids += len(ids)
         if out.finished:
             pieces.append(self.text.finish())
@@ -130,20 +194,16 @@ class TranscriptionOutputProcessor:
             chunk.finish_reason = out.finish_reason
             chunk.error = out.error
             chunk.usage = TranscriptionUsage(self.num_ids, self.duration, self.num_windows)
-            chunk.segments = self._segments()
+            chunk.segments = self.text.segments(self.duration)
             chunk.language_name = language_name(self.language)
         return chunk
 
     def error_chunk(self, message: str) -> TranscriptionChunk:
         """The final chunk when processing this request's output failed (Engine._fail)."""
         return TranscriptionChunk(self.request_id, "", [], self.language, finished=True,
-                                  finish_reason=FinishReason.ERROR, error=message, segments=self._segments(),
+                                  finish_reason=FinishReason.ERROR, error=message,
+                                  segments=self.text.segments(self.duration),
                                   usage=TranscriptionUsage(self.num_ids, self.duration, self.num_windows))
-
-    def _segments(self) -> list[TranscriptSegment]:
-        seconds = self.window_seconds
-        return [TranscriptSegment(w, w * seconds, min((w + 1) * seconds, self.duration), "".join(texts), ids)
-                for w, (ids, texts) in sorted(self.text.segments.items())]
 
 
 class WhisperTranscriptionFrontend(TranscriptionFrontend):
@@ -178,25 +238,36 @@ class WhisperTranscriptionFrontend(TranscriptionFrontend):
         samples = load_audio(request.audio, self.sampling_rate)
         max_positions = self.config.max_target_positions
         previous = self.previous_text_ids(request.prompt, max_positions // 2 - 1)
-        prompt = generation.forced_prompt(request.language, request.task, previous)
-        features = self.features(samples)
-        num_windows = features.shape[0]
-        most = num_windows * (max_positions - len(prompt))
-        budget = request.max_output_tokens if request.max_output_tokens is not None else most
-        if budget > most:
-            raise ValueError(f"max_output_tokens ({budget}) exceeds what {num_windows} window(s) of audio can "
-                             f"hold: {max_positions} decoder positions per window, {len(prompt)} of them prompt")
+        prompt = generation.forced_prompt(request.language, request.task, previous, timestamps=request.timestamps)
+        inputs = TranscriptionInputs(self.features(samples), prompt)
+        budget = self._budget(request, inputs, max_positions)
         seed = request.seed if request.seed is not None else draw_seed()
         stop = StopConfig(eos_ids=self.eos_token_ids)
-        runtime_request = Request(request_id, TranscriptionInputs(features, prompt),
+        runtime_request = Request(request_id, inputs,
                                   {TRANSCRIPT_STREAM: StreamParams(budget, stop, request.sampling(seed), seed)})
         language = generation.language_code(prompt.language) if prompt.language is not None else None
         if language is None and not generation.is_multilingual:
             language = "en"
         duration = samples.size / self.sampling_rate
-        processor = TranscriptionOutputProcessor(request_id, generation, self.features.config.chunk_length,
-                                                 self.tokenizer, stop.stopping_ids(), language, duration, num_windows)
+        num_windows = None if prompt.timestamps else len(inputs.audio.consecutive_seeks)
+        processor = TranscriptionOutputProcessor(request_id, generation, self.tokenizer, stop.stopping_ids(), language,
+                                                 duration, num_windows, prompt.timestamps)
         return Prepared(runtime_request, processor, None)
+
+    @staticmethod
+    def _budget(request: TranscriptionRequest, inputs: TranscriptionInputs, max_positions: int) -> int:
+        """The transcript's budget: the request's, or what the windows' decoder contexts hold."""
+        prompt_len = len(inputs.prompt)
+        per_window = max_positions - prompt_len
+        if inputs.prompt.timestamps:    # windows decided while decoding: each advances >= 1 frame
+            return request.max_output_tokens or inputs.audio.num_frames * per_window
+        num_windows = len(inputs.audio.consecutive_seeks)
+        most = num_windows * per_window
+        budget = request.max_output_tokens if request.max_output_tokens is not None else most
+        if budget > most:
+            raise ValueError(f"max_output_tokens ({budget}) exceeds what {num_windows} window(s) of audio can "
+                             f"hold: {max_positions} decoder positions per window, {prompt_len} of them prompt")
+        return budget
 
 
 def transcription_frontends(loaded) -> list[WhisperTranscriptionFrontend]:
