@@ -9,7 +9,6 @@ import io
 import json
 import shutil
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,21 +21,11 @@ from omniwalk.capabilities.transcription import TranscriptionRequest, transcribe
 
 transformers = pytest.importorskip("transformers")
 
-ASSETS = Path(__file__).parents[2] / "omniwalk" / "models" / "whisper" / "assets" / "tiny-whisper"
-SR = 16000
-WINDOW = 30 * SR
+from whisper_checkpoints import (  # noqa: E402  (tests/models is on sys.path)
+    SR, clip, features, hf_generation_config, save_tiny_whisper, window_of,
+)
+
 MAX_TARGET = 128         # decoder positions of the test checkpoint: short runaway windows
-
-
-def clip(kind: str, seconds: float, seed: int = 0) -> np.ndarray:
-    t = np.arange(int(SR * seconds)) / SR
-    if kind == "sine":
-        x = 0.5 * np.sin(2 * np.pi * (220 + 40 * seed) * t) * (1 + 0.5 * np.sin(2 * np.pi * 3 * t))
-    elif kind == "chirp":
-        x = 0.4 * np.sin(2 * np.pi * (200 + 400 * t / seconds + 30 * seed) * t)
-    else:
-        x = 0.1 * np.random.default_rng(seed).standard_normal(t.size)
-    return x.astype(np.float32)
 
 
 CLIPS = {"sine-3s": clip("sine", 3), "chirp-11s": clip("chirp", 11), "noise-29s": clip("noise", 29)}
@@ -89,34 +78,12 @@ def test_audio_files_decode_to_16khz_mono():
 # ---------------------------------------------------------------- an HF checkpoint
 
 
-def hf_generation_config():
-    return transformers.GenerationConfig.from_pretrained(ASSETS)
-
-
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     """A tiny random WhisperForConditionalGeneration, weights x10 so greedy ids depend on the audio."""
-    tokenizer = transformers.AutoTokenizer.from_pretrained(ASSETS)
-    generation = hf_generation_config()
-    config = transformers.WhisperConfig(
-        vocab_size=len(tokenizer), num_mel_bins=80, d_model=64, encoder_layers=2, encoder_attention_heads=4,
-        decoder_layers=2, decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
-        max_source_positions=1500, max_target_positions=MAX_TARGET,
-        decoder_start_token_id=generation.decoder_start_token_id, pad_token_id=generation.pad_token_id,
-        bos_token_id=generation.bos_token_id, eos_token_id=generation.eos_token_id,
-    )
-    torch.manual_seed(0)
-    model = transformers.WhisperForConditionalGeneration(config).eval()
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.dim() > 1:
-                param.mul_(10.0)
-    model.generation_config = generation
     folder = tmp_path_factory.mktemp("tiny-whisper-hf")
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    transformers.WhisperFeatureExtractor(feature_size=80).save_pretrained(folder)
-    return folder, model, tokenizer
+    model = save_tiny_whisper(folder, MAX_TARGET)
+    return folder, model, transformers.AutoTokenizer.from_pretrained(folder)
 
 
 @pytest.fixture(scope="module")
@@ -132,8 +99,7 @@ def hf_generate(model, audio, eos=None, max_new_tokens=24, **kwargs) -> list[int
     random model samples ids past <|notimestamps|> even without timestamps, which HF's
     long-form loop would take for timestamps (force_unique_generate_call: no loop)."""
     if not torch.is_tensor(audio):
-        audio = transformers.WhisperFeatureExtractor(feature_size=80)(audio, sampling_rate=SR,
-                                                                      return_tensors="pt").input_features
+        audio = features(audio)
     options = dict(task="transcribe", max_new_tokens=max_new_tokens, do_sample=False, return_dict_in_generate=True,
                    force_unique_generate_call=True)
     if eos is not None:
@@ -142,18 +108,6 @@ def hf_generate(model, audio, eos=None, max_new_tokens=24, **kwargs) -> list[int
     start = len(kwargs.get("prompt_ids", ())) + 4      # [prompt] sot language task notimestamps
     assert sequence[start - 1] == hf_generation_config().no_timestamps_token_id
     return sequence[start:]
-
-
-def long_form_features(audio) -> torch.Tensor:
-    """[1, 80, frames]: the features of audio over 30 s as HF's long-form generate takes them."""
-    return transformers.WhisperFeatureExtractor(feature_size=80)(
-        audio, sampling_rate=SR, return_tensors="pt", truncation=False, padding="longest").input_features
-
-
-def window_of(features: torch.Tensor, seek: int) -> torch.Tensor:
-    """[1, 80, 3000]: the window at `seek`, zero-padded, as HF's long-form loop cuts it."""
-    part = features[:, :, seek:seek + 3000]
-    return torch.nn.functional.pad(part, (0, 3000 - part.shape[-1]))
 
 
 def greedy(audio, n, **options) -> TranscriptionRequest:
@@ -245,7 +199,7 @@ def test_long_audio_windows_in_order_joined_by_a_space(eos_engine, checkpoint):
     _, model, tokenizer = checkpoint
     eos = free[index]
     audio = np.concatenate([clip("noise", 30, seed=3), clip("chirp", 30, seed=1), clip("sine", 5, seed=2)])
-    frames = long_form_features(audio)
+    frames = features(audio)
     windows = []
     for w in range(3):   # HF on each window alone; a window without EOS runs to the context limit
         ids = hf_generate(model, window_of(frames, 3000 * w), eos=eos, language="en", max_new_tokens=MAX_TARGET - 4)

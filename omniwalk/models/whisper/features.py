@@ -25,7 +25,6 @@ of windows, so its memory is the mel frames', not the spectrum's.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np

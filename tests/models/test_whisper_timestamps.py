@@ -1,0 +1,122 @@
+"""Whisper with timestamp tokens (timestamp_granularities=("segment",)): greedy ids and
+segments equal to transformers' `generate(return_timestamps=True, return_segments=True)`,
+short-form and long-form (windows that start where the last timestamp says), with a
+prompt, a detected language and the translate task; the window split on its own."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from omniwalk import Engine, EngineArgs
+from omniwalk.capabilities.transcription import TranscriptionRequest, transcribe
+from omniwalk.models.whisper.timestamps import TimedSegment, split_window
+
+transformers = pytest.importorskip("transformers")
+
+from whisper_checkpoints import SR, clip, features, save_tiny_whisper  # noqa: E402
+
+MAX_TARGET = 40          # short windows: a few timestamps each, and contexts that fill up
+BEGIN = 512              # <|0.00|> of tiny-whisper's vocabulary
+LONG = np.concatenate([clip("noise", 30, seed=3), clip("chirp", 30, seed=1), clip("sine", 5, seed=2)])
+LONG_2 = np.concatenate([clip("sine", 25, seed=1), clip("chirp", 20, seed=2), clip("noise", 20, seed=4)])
+PROMPT = "the river ran past the old mill"
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """EOS's row a copy of a text token's (x1.1): windows end on EOS after a timestamp, on
+    EOS alone, or run to their 40 positions; both kinds of seek follow."""
+    folder = tmp_path_factory.mktemp("tiny-whisper-timestamps")
+    model = save_tiny_whisper(folder, MAX_TARGET, eos_like=(251, 1.1))
+    return folder, model, transformers.AutoTokenizer.from_pretrained(folder)
+
+
+@pytest.fixture(scope="module")
+def engine(checkpoint):
+    folder, _, _ = checkpoint
+    with Engine(EngineArgs(str(folder), dtype="float32", device="cpu", max_num_seqs=8)) as engine:
+        yield engine
+
+
+def hf_segments(model, audio, **kwargs) -> tuple[list[tuple[float, float, list[int]]], list[int]]:
+    """transformers' segments (start, end, tokens) and its sequence of a transcription with timestamps."""
+    seeks = []
+    out = model.generate(features(audio), return_timestamps=True, return_segments=True,
+                         monitor_progress=lambda progress: seeks.append(int(progress[0, 0])), **kwargs)
+    segments = [(float(s["start"]), float(s["end"]), s["tokens"].tolist()) for s in out["segments"][0]]
+    sequence = [t for s in segments for t in s[2]]
+    assert out["sequences"][0].tolist()[: len(sequence)] == sequence
+    return segments, seeks
+
+
+CASES = {   # name: (audio, our request's options, HF's generate options); seeks as HF's windows started
+    "short": (clip("sine", 3), {"language": "en"}, {"language": "en", "task": "transcribe"}),    # 0, 558, 1116
+    "long-detected": (LONG, {}, {"task": "transcribe"}),                                       # 0, 2610, 5554
+    "long-prompt": (LONG_2, {"prompt": PROMPT}, {"task": "transcribe"}),                       # 0, 2944, 5944
+    "translate": (clip("chirp", 11), {"language": "de", "task": "translate"},                  # 0, 2870
+                  {"language": "de", "task": "translate"}),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_segments_equal_hf_generate_with_timestamps(engine, checkpoint, name):
+    _, model, tokenizer = checkpoint
+    audio, ours, theirs = CASES[name]
+    if "prompt" in ours:
+        theirs = dict(theirs, prompt_ids=torch.tensor(tokenizer.encode("<|startofprev|> " + PROMPT,
+                                                                       add_special_tokens=False)))
+    expected, seeks = hf_segments(model, audio, **theirs)
+    result = transcribe(engine, TranscriptionRequest(audio, timestamp_granularities=("segment",), **ours))
+    got = [(s.start, s.end, s.token_ids) for s in result.segments]
+    assert got == expected                      # times to the bit: the same float64 arithmetic
+    assert {s.seek for s in result.segments} <= set(seeks)    # HF's windows: `monitor_progress` saw each start
+    assert len(seeks) > 1 and len(expected) >= 3    # more than one window, several segments
+    assert result.usage.windows == len(seeks) and result.finish_reason == "stop"
+    texts = [tokenizer.decode([t for t in tokens if t < BEGIN], skip_special_tokens=True).strip()
+             for _, _, tokens in expected]
+    assert result.text == " ".join(t for t in texts if t)
+    # every sampled token is in the stream (a window's tokens after its last segment too)
+    assert result.token_ids[-1] == model.generation_config.eos_token_id
+    assert len(result.token_ids) >= sum(len(tokens) for _, _, tokens in expected)
+
+
+def test_detected_language_and_windows_of_long_audio(engine, checkpoint):
+    """The long case detects a language (as HF does from the first window) and its windows
+    start where transformers' did: a seek past a window's start, not every 30 s."""
+    _, model, _ = checkpoint
+    language = model.detect_language(features(LONG)).item()
+    codes = {v: k.strip("<|>") for k, v in model.generation_config.lang_to_id.items()}
+    result = transcribe(engine, TranscriptionRequest(LONG, timestamp_granularities=("segment",), max_output_tokens=3))
+    assert result.language == codes[language] and result.finish_reason == "length"
+    assert len(result.token_ids) == 3
+
+
+def test_streamed_text_equals_the_segments(engine):
+    request = TranscriptionRequest(LONG, language="en", timestamp_granularities=("segment",))
+    chunks = list(engine.submit(request))
+    result = transcribe(engine, request)
+    assert "".join(c.text for c in chunks) == result.text
+    assert [t for c in chunks for t in c.token_ids] == result.token_ids
+    assert chunks[-1].segments == result.segments
+
+
+def test_split_window_cases():
+    """transformers' `_retrieve_segment`, case by case (B: <|0.00|>, so B + k is k * 0.02 s)."""
+    B = BEGIN
+    # two pairs, then text cut off: the tail is dropped, the next window starts at the last pair
+    segments, advance = split_window([B + 10, 1, 2, B + 50, B + 50, 3, B + 90, B + 95, 4, 5], 3000, 3000, B)
+    assert [s.tokens for s in segments] == [(B + 10, 1, 2, B + 50), (B + 50, 3, B + 90, B + 95)]
+    assert [t for s in segments for t in (s.start, s.end)] == pytest.approx([30.2, 31.0, 31.0, 31.8])
+    assert advance == 180
+    # a single timestamp at the end: silence after it, the next window 30 s on
+    segments, advance = split_window([B, 1, B + 40, B + 60, 2, B + 70], 0, 3000, B)
+    assert [t for s in segments for t in (s.start, s.end)] == pytest.approx([0.0, 0.8, 1.2, 1.4])
+    assert advance == 3000
+    # no pair: one segment from the window's start to its last timestamp, or its end
+    assert split_window([B + 5, 1, B + 30], 0, 1200, B) == ([TimedSegment(0.0, 0.6, (B + 5, 1, B + 30))], 1200)
+    [segment], advance = split_window([B, 1, 2], 100, 1200, B)
+    assert (segment.start, segment.end, advance) == pytest.approx((1.0, 13.0, 1200))
+    # a last pair at <|0.00|> would start the next window where this one started: its end instead
+    assert split_window([B, B, 1, 2], 0, 3000, B)[1] == 3000
