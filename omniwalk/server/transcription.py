@@ -86,6 +86,7 @@ from omniwalk.server.protocol import ApiError, error_body
 
 FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
 STREAMABLE_FORMATS = ("json", "text")
+SEGMENT_FORMATS = ("verbose_json", "srt", "vtt")   # decoded with timestamps: the model's segments
 MAX_FILE_BYTES = 25 * 2**20   # OpenAI's limit for an audio upload
 OUTPUT_REASONS = ("length", "stop")
 
@@ -98,10 +99,13 @@ FIELDS = {
     "response_format": "json | text | verbose_json | srt | vtt",
     "temperature": "sampling temperature; 0: greedy",
     "stream": "true: server-sent transcript.text.delta events (json and text only)",
-    "timestamp_granularities[]": "only segment",
+    "timestamp_granularities[]": "segment (verbose_json's default)",
     "max_output_tokens": "extension: the transcript token budget",
     "seed": "extension: the sampling seed",
 }
+#: translations take the same fields but these (the spoken language is detected; no stream)
+TRANSLATION_FIELDS = {name: text for name, text in FIELDS.items()
+                      if name not in ("language", "stream", "timestamp_granularities[]")}
 #: OpenAI fields omniwalk does not implement: a 400 when set
 UNSUPPORTED = ("include[]", "chunking_strategy", "known_speaker_names[]", "known_speaker_references[]")
 ARRAY_FIELDS = ("timestamp_granularities[]",)
@@ -110,19 +114,40 @@ ARRAY_FIELDS = ("timestamp_granularities[]",)
 # ----------------------------------------------------------------------------- routers
 
 
+@dataclass(frozen=True)
+class AudioRoute:
+    """What differs between the two routes of a speech recognition model."""
+
+    path: str
+    task: str                  # the TranscriptionRequest's: transcribe, or translate into English
+    fields: dict[str, str]     # the form fields it reads
+    id_prefix: str             # of its request ids
+
+
+TRANSCRIPTIONS = AudioRoute("/audio/transcriptions", "transcribe", FIELDS, "trsc")
+TRANSLATIONS = AudioRoute("/audio/translations", "translate", TRANSLATION_FIELDS, "trsl")
+
+
 def transcription_router(ctx: ServerContext) -> APIRouter:
-    """POST /v1/audio/transcriptions on a Whisper model."""
+    """POST /v1/audio/transcriptions and /v1/audio/translations on a Whisper model."""
     router = APIRouter(prefix="/v1")
+    for route in (TRANSCRIPTIONS, TRANSLATIONS):
+        _add_audio_route(router, ctx, route)
+    return router
+
+
+def _add_audio_route(router: APIRouter, ctx: ServerContext, route: AudioRoute) -> None:
     frontend = ctx.engine.frontend(Capability.TRANSCRIPTION)
     positions = frontend.positions_per_window
 
-    @router.post("/audio/transcriptions", openapi_extra=_openapi_form())
-    async def transcriptions(request: Request):
-        form = await read_form(request)
+    @router.post(route.path, openapi_extra=_openapi_form(route.fields))
+    async def audio_route(request: Request):
+        form = await read_form(request, route.fields)
         _check_form(ctx, form)
-        transcription = form.request()                       # cheap checks before decoding
+        transcription = form.request(route.task)             # cheap checks before decoding
         samples = await _decode(form.audio, frontend.sampling_rate)
-        generation = _submit(ctx, dataclasses.replace(transcription, audio=samples), f"trsc-{uuid.uuid4().hex}")
+        generation = _submit(ctx, dataclasses.replace(transcription, audio=samples),
+                             f"{route.id_prefix}-{uuid.uuid4().hex}")
         if form.stream:
             headers = {"Cache-Control": "no-cache", "X-Request-Id": generation.request_id}
             return AbortingStreamingResponse(_sse_events(generation, positions), generation,
@@ -133,14 +158,16 @@ def transcription_router(ctx: ServerContext) -> APIRouter:
             return disconnected_response()
         if result.finish_reason not in OUTPUT_REASONS:
             raise ApiError(500, result.error or f"the request ended with {result.finish_reason}")
-        return render(result, form, positions)
-
-    return router
+        return render(result, form, positions, route.task)
 
 
 def no_transcription_router(ctx: ServerContext) -> APIRouter:
-    """POST /v1/audio/transcriptions on a model that is not Whisper: a 400 in the OpenAI envelope."""
-    return unsupported_route_router(ctx, "/audio/transcriptions", "does not transcribe speech")
+    """POST /v1/audio/transcriptions and /translations on a model that is not Whisper: a 400
+    in the OpenAI envelope."""
+    router = APIRouter()
+    for route in (TRANSCRIPTIONS, TRANSLATIONS):   # their paths carry the /v1 prefix already
+        router.routes.extend(unsupported_route_router(ctx, route.path, "does not transcribe speech").routes)
+    return router
 
 
 # ----------------------------------------------------------------------------- the form
@@ -159,18 +186,21 @@ class TranscriptionForm:
     stream: bool = False
     max_output_tokens: int | None = None
     seed: int | None = None
+    timestamp_granularities: tuple[str, ...] = ()
 
-    def request(self) -> TranscriptionRequest:
-        """The engine's request (audio still as file bytes); a bad value is a 400 naming its field."""
+    def request(self, task: str = "transcribe") -> TranscriptionRequest:
+        """The engine's request (audio still as file bytes); a bad value is a 400 naming its field.
+        The formats that list segments decode with timestamps, whatever the granularities say."""
+        granularities = ("segment",) if self.response_format in SEGMENT_FORMATS else ()
         try:
-            return TranscriptionRequest(self.audio, language=self.language, prompt=self.prompt,
+            return TranscriptionRequest(self.audio, language=self.language, prompt=self.prompt, task=task,
                                         max_output_tokens=self.max_output_tokens, temperature=self.temperature,
-                                        seed=self.seed)
+                                        seed=self.seed, timestamp_granularities=granularities)
         except ValueError as exc:
             raise _bad_value(exc) from None
 
 
-async def read_form(request: Request) -> TranscriptionForm:
+async def read_form(request: Request, fields: dict[str, str] = FIELDS) -> TranscriptionForm:
     """The multipart body -> a TranscriptionForm; anything malformed is a 400."""
     content_type = request.headers.get("content-type", "")
     if not content_type.lower().startswith("multipart/form-data"):
@@ -180,34 +210,36 @@ async def read_form(request: Request) -> TranscriptionForm:
         values: dict[str, list] = {}
         for name, value in form.multi_items():
             values.setdefault(name, []).append(value)
-        _check_names(values)
+        _check_names(values, fields)
         upload = values.pop("file", [None])[0]
         if not isinstance(upload, UploadFile):
             raise ApiError(400, "`file` is required: the audio as a file part of the form", "file")
         if (upload.size or 0) > MAX_FILE_BYTES:
             raise ApiError(413, f"the audio file is {upload.size} bytes; at most {MAX_FILE_BYTES} are accepted", "file")
         audio = await upload.read()
-    fields = {name: _text_value(name, items) for name, items in values.items()}
-    _check_granularities(values.get("timestamp_granularities[]", []))
-    parsed = {name: value for name, value in fields.items() if value is not None and name in _PARSERS}
-    return TranscriptionForm(audio, **{name: _PARSERS[name](name, value) for name, value in parsed.items()})
+    texts = {name: _text_value(name, items) for name, items in values.items()}
+    granularities = _granularities(values.get("timestamp_granularities[]", []))
+    parsed = {name: value for name, value in texts.items() if value is not None and name in _PARSERS}
+    return TranscriptionForm(audio, timestamp_granularities=granularities,
+                             **{name: _PARSERS[name](name, value) for name, value in parsed.items()})
 
 
-def _check_names(values: dict[str, list]) -> None:
+def _check_names(values: dict[str, list], fields: dict[str, str]) -> None:
     for name, items in values.items():
         if name in UNSUPPORTED:
             raise ApiError(400, f"{name.rstrip('[]')} is not supported", name)
-        if name not in FIELDS:
+        if name not in fields:
             raise ApiError(400, f"Unrecognized request argument supplied: {name}", name)
         if len(items) > 1 and name not in ARRAY_FIELDS:
             raise ApiError(400, f"{name} is given {len(items)} times", name)
 
 
-def _check_granularities(items: list) -> None:
+def _granularities(items: list) -> tuple[str, ...]:
     for item in items:
         if item not in ("segment", ""):
-            raise ApiError(400, f"timestamp_granularities {item!r} is not supported; only segment (one per 30 s "
-                                "window)", "timestamp_granularities[]")
+            raise ApiError(400, f"timestamp_granularities {item!r} is not supported; only segment",
+                           "timestamp_granularities[]")
+    return tuple(item for item in items if item)
 
 
 def _text_value(name: str, items: list) -> str | None:
@@ -257,12 +289,17 @@ def _check_form(ctx: ServerContext, form: TranscriptionForm) -> None:
     if form.stream and form.response_format not in STREAMABLE_FORMATS:
         raise ApiError(400, f"response_format {form.response_format} cannot be streamed; stream "
                             f"{' or '.join(STREAMABLE_FORMATS)}, or set stream false", "response_format")
+    if form.timestamp_granularities and form.response_format not in SEGMENT_FORMATS:
+        raise ApiError(400, f"timestamp_granularities needs response_format verbose_json (or srt, vtt), not "
+                            f"{form.response_format}", "timestamp_granularities[]")
 
 
 def _bad_value(exc: ValueError) -> ApiError:
     message = str(exc)
-    param = next((name for name in ("max_output_tokens", "temperature", "seed", "language", "prompt")
-                  if name in message), None)
+    param = next((name for name in ("max_output_tokens", "temperature", "seed", "language", "prompt",
+                                    "timestamp_granularities") if name in message), None)
+    if param == "timestamp_granularities":
+        param += "[]"
     if param is None and ("language" in message.lower() or "English-only" in message):
         param = "language"
     return ApiError(400, message, param)
@@ -276,8 +313,8 @@ async def _decode(audio: bytes, sampling_rate: int):
         raise ApiError(400, str(exc), "file") from None
 
 
-def _openapi_form() -> dict:
-    properties = {name: {"type": "string", "description": text} for name, text in FIELDS.items()}
+def _openapi_form(fields: dict[str, str]) -> dict:
+    properties = {name: {"type": "string", "description": text} for name, text in fields.items()}
     properties["file"]["format"] = "binary"
     schema = {"type": "object", "required": ["file"], "properties": properties}
     return {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": schema}}}}
@@ -329,7 +366,7 @@ def _sse(payload: dict) -> str:
 # ----------------------------------------------------------------------------- responses
 
 
-def render(result: TranscriptionResult, form: TranscriptionForm, positions: int) -> Response:
+def render(result: TranscriptionResult, form: TranscriptionForm, positions: int, task: str = "transcribe") -> Response:
     """The non-streamed answer in `form.response_format`."""
     headers = {"X-Request-Id": result.request_id, "X-Finish-Reason": result.finish_reason,
                "X-Usage-Output-Tokens": str(result.usage.output_tokens)}
@@ -338,7 +375,7 @@ def render(result: TranscriptionResult, form: TranscriptionForm, positions: int)
         return JSONResponse({"text": result.text, "usage": usage_json(result.usage, result.finish_reason, positions)},
                             headers=headers)
     if fmt == "verbose_json":
-        return JSONResponse(verbose_json(result, form.temperature, positions), headers=headers)
+        return JSONResponse(verbose_json(result, form.temperature, positions, task), headers=headers)
     if fmt == "text":
         return PlainTextResponse(result.text, headers=headers)
     if fmt == "srt":
@@ -353,17 +390,15 @@ def usage_json(usage: TranscriptionUsage, finish_reason: str, positions: int, ki
             "seconds": usage.audio_seconds, "windows": usage.windows, "finish_reason": finish_reason}
 
 
-#: mel frames per second of audio (Whisper's hop of 160 samples at 16 kHz): `seek` is in frames, as openai-whisper's
-FRAMES_PER_SECOND = 100
-
-
-def verbose_json(result: TranscriptionResult, temperature: float, positions: int) -> dict:
-    segments = [{"id": i, "seek": round(s.start * FRAMES_PER_SECOND), "start": s.start, "end": s.end,
-                 "text": s.text, "tokens": s.token_ids, "temperature": temperature}
+def verbose_json(result: TranscriptionResult, temperature: float, positions: int, task: str = "transcribe") -> dict:
+    """OpenAI's verbose_json: `language` the detected or given one's name ("english"); a
+    translation's is the language it is in, always "english" (as OpenAI's)."""
+    segments = [{"id": i, "seek": s.seek, "start": s.start, "end": s.end, "text": s.text, "tokens": s.token_ids,
+                 "temperature": temperature}
                 for i, s in enumerate(result.segments)]
-    return {"task": "transcribe", "language": result.language_name or result.language or "unknown",
-            "duration": result.duration, "text": result.text, "segments": segments,
-            "usage": usage_json(result.usage, result.finish_reason, positions, kind="duration")}
+    language = "english" if task == "translate" else result.language_name or result.language or "unknown"
+    return {"task": task, "language": language, "duration": result.duration, "text": result.text,
+            "segments": segments, "usage": usage_json(result.usage, result.finish_reason, positions, kind="duration")}
 
 
 def srt(segments: list[TranscriptSegment]) -> str:

@@ -58,10 +58,13 @@ class TranscriptText:
     """Window texts, each stripped, joined by one space, streamed as deltas.
 
     Whitespace at the end of what a window produced so far is held back until more text
-    follows in that window, so the deltas add up to the joined text exactly."""
+    follows in that window, so the deltas add up to the joined text exactly. Timestamp ids
+    (which a model that was asked for none may still sample) are never text, whatever the
+    tokenizer thinks of them."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, timestamp_begin: int | None = None):
         self.tokenizer = tokenizer
+        self.timestamp_begin = timestamp_begin
         self.window: int | None = None
         self.detokenizer: IncrementalDetokenizer | None = None
         self.started = False       # the window has emitted text
@@ -77,6 +80,8 @@ class TranscriptText:
             self.started, self.held = False, ""
             self.windows[info.index] = (info, [], [])
         self.windows[info.index][1].append(token)
+        if self.timestamp_begin is not None and token >= self.timestamp_begin:
+            return out
         return out + self._feed(self.detokenizer.add(token))
 
     def finish(self) -> str:
@@ -164,7 +169,8 @@ class TranscriptionOutputProcessor:
                  language: str | None, duration: float, num_windows: int | None, timestamps: bool):
         self.request_id = request_id
         self.generation = generation
-        self.text = TimestampedText(tokenizer, generation.timestamp_begin) if timestamps else TranscriptText(tokenizer)
+        begin = generation.timestamp_begin
+        self.text = TimestampedText(tokenizer, begin) if timestamps else TranscriptText(tokenizer, begin)
         self.stop_ids = stop_ids
         self.language = language
         self.duration = duration
