@@ -1,8 +1,9 @@
-"""Speech recognition route of a Whisper model: POST /v1/audio/transcriptions.
+"""Speech recognition routes of a Whisper model: POST /v1/audio/transcriptions and
+POST /v1/audio/translations.
 
 A thin layer on the engine's transcription capability (`Engine.submit(TranscriptionRequest)`,
-omniwalk.capabilities.transcription); `build_app` registers it only when the served model
-has it (Whisper). Any other model answers it with 400 "model ... does not transcribe speech".
+omniwalk.capabilities.transcription); `build_app` registers them only when the served model
+has it (Whisper). Any other model answers them with 400 "model ... does not transcribe speech".
 
 Request: multipart/form-data (OpenAI's form plus two extensions)
 
@@ -10,14 +11,17 @@ Request: multipart/form-data (OpenAI's form plus two extensions)
                        mono, resampled to 16 kHz)                                   required
     model              must name the served model when given (else 404)
     language           "en", "english" or "<|en|>"; absent: detected from the first window
-    prompt             previous text every window is conditioned on
+    prompt             previous text every window is conditioned on (<|startofprev|>)
     response_format    json (default) | text | verbose_json | srt | vtt
-    temperature        0 (default): greedy
+    temperature        0 (default): greedy; no fallback to other temperatures
     stream             true: SSE (response_format json or text only)
-    timestamp_granularities[]   only "segment" (what verbose_json gives anyway)
+    timestamp_granularities[]   "segment" (verbose_json's default; verbose_json, srt or vtt only)
     max_output_tokens  extension: the transcript budget N (exactly N tokens unless the EOS
                        stops it first; the stopping EOS counts). Default: all the windows hold
     seed               extension: the sampling seed (temperature > 0)
+
+  /v1/audio/translations (task translate: the text in English) takes the same fields but
+  language (detected), stream and timestamp_granularities[], as OpenAI's.
 
   An empty value is the field not given (HTML forms send empty fields). Unknown fields, a
   field given twice, a wrong type, unreadable or empty audio: 400 in the OpenAI envelope.
@@ -29,9 +33,10 @@ Responses (not streamed); every one carries the headers X-Request-Id, X-Finish-R
 
     json          {"text", "usage"}
     text          text/plain: the text
-    verbose_json  {"task": "transcribe", "language" (a name: "english"), "duration" (seconds),
-                   "text", "segments": [{"id", "seek", "start", "end", "text", "tokens",
-                   "temperature"}], "usage"}
+    verbose_json  {"task": "transcribe" | "translate", "language" (a name: the detected or
+                   given one's, "english"; a translation's is always "english", as OpenAI's),
+                   "duration" (seconds), "text", "segments": [{"id", "seek", "start", "end",
+                   "text", "tokens", "temperature"}], "usage"}
     srt, vtt      subtitles from the same segments (text/plain; text/vtt)
 
   usage: {"type": "tokens" ("duration" in verbose_json, as OpenAI), "input_tokens",
@@ -40,12 +45,15 @@ Responses (not streamed); every one carries the headers X-Request-Id, X-Finish-R
   does (the stopping EOS included); input_tokens are the encoder positions of the audio
   (windows * max_source_positions: 1500 per window); the forced decoder prompt is not counted.
 
-Timing granularity: one segment per 30 s window of the audio (transcribe.py), start/end
-the window's span (the last one ends at the audio's duration); a window that produced no
-token has no segment. Whisper's timestamp tokens are not decoded (the forced prompt asks
-for no timestamps), so srt/vtt have one cue per window with text, never finer. A cue's text
-is the segment's text with each line stripped and blank lines dropped (a blank line would
-end the cue); srt writes "-->" as "->", vtt escapes &, < and >.
+Timestamps: verbose_json, srt and vtt decode with Whisper's timestamp tokens (no
+<|notimestamps|> in the prompt): `segments` are the model's, start and end its timestamps
+(seconds into the audio), `seek` the first mel frame (100 a second) of the window that
+produced it, `tokens` its ids with its timestamp tokens; srt/vtt have a cue per segment
+with text. Windows then start where the model's last timestamp says (transformers'
+long-form decoding, models/whisper/timestamps.py). json and text decode without timestamps
+(consecutive 30 s windows). A cue's text is the segment's text with each line stripped and
+blank lines dropped (a blank line would end the cue); srt writes "-->" as "->", vtt escapes
+&, < and >.
 
 Streamed (stream=true): text/event-stream, as OpenAI's streaming transcription
 
