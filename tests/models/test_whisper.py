@@ -423,3 +423,23 @@ def test_startup_warmup_transcribes_noise_and_changes_no_output(checkpoint, reco
             assert not engine.runtime.running and cache.allocator.num_free == cache.allocator.num_pages
             ids[warmup] = transcribe(engine, greedy(CLIPS["sine-3s"], 12)).token_ids
     assert ids[True] == ids[False] and len(ids[True]) > 0
+
+
+SHAPES = {   # the Whisper sizes' shape families, tiny: what differs between them
+    "turbo": dict(encoder_layers=3, decoder_layers=1, num_mel_bins=128),   # large-v3-turbo: 32/4 layers, 128 mels
+    "small": dict(encoder_layers=1, decoder_layers=3, num_mel_bins=80),    # tiny..medium: 80 mels
+}
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_shape_families_equal_hf_generate(tmp_path, name):
+    """Decoder layers != encoder layers, 80 or 128 mel bins: greedy ids equal transformers'
+    (on its features of the same mel bins); the language detected as it detects it."""
+    shape = SHAPES[name]
+    model = save_tiny_whisper(tmp_path, 48, **shape)
+    audio = clip("chirp", 7, seed=4)
+    frames = features(audio, shape["num_mel_bins"])
+    expected = hf_generate(model, frames, max_new_tokens=12)     # the language detected
+    with Engine(EngineArgs(str(tmp_path), dtype="float32", device="cpu", max_num_seqs=2)) as engine:
+        assert engine.model.config.decoder_layers == shape["decoder_layers"]
+        assert transcribe(engine, greedy(audio, 12)).token_ids == expected
