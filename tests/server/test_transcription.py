@@ -117,6 +117,7 @@ def test_openai_client_json_text_verbose_equal_in_process(whisper, oai):
     assert full.text == transcribe(whisper.engine, TranscriptionRequest(WAV, language="en")).text
 
 
+@pytest.mark.filterwarnings("ignore:deprecated:DeprecationWarning")   # the openai client marks translations so
 def test_openai_client_translations(whisper, oai, http):
     """/v1/audio/translations: task translate, the transcription fields but language and stream."""
     reference = transcribe(whisper.engine, TranscriptionRequest(WAV, task="translate", max_output_tokens=24,
