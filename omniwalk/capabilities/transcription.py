@@ -10,6 +10,11 @@ Audio: bytes of a WAV/FLAC/MP3/OGG file, or float32 mono samples at the model's 
 Timestamps: `timestamp_granularities=("segment",)` decodes with Whisper's timestamp tokens:
 `segments` then hold the model's segments (times from its timestamps); without, one
 segment per 30 s window of audio.
+Temperature fallback: `temperature=(0.0, 0.2, 0.4, 0.6, 0.8, 1.0)` decodes each window at the
+first; a window whose output fails the model's checks (Whisper: transformers' and
+openai-whisper's compression ratio and average log-probability) is decoded again at the
+next. Every attempt's tokens are in `token_ids` and count toward the budget; the text and
+segments are the accepted attempt's, released when its window ends.
 Counting: `max_output_tokens` (N) is the budget of the transcript stream: exactly N tokens
 unless the EOS stops it first; the stopping EOS counts toward N and is listed in
 `token_ids`, but never becomes text.
@@ -37,7 +42,7 @@ class TranscriptionRequest:
     prompt: str | None = None           # previous text to condition the transcript on
     task: str = "transcribe"            # or "translate" (into English)
     max_output_tokens: int | None = None
-    temperature: float = 0.0            # 0: greedy
+    temperature: float | tuple[float, ...] = 0.0   # 0: greedy; a tuple: the fallback schedule (see below)
     seed: int | None = None             # None: drawn by the engine
     timestamp_granularities: tuple[str, ...] = ()   # ("segment",): decode timestamps
 
@@ -53,12 +58,24 @@ class TranscriptionRequest:
         self.sampling()   # validates temperature
 
     @property
+    def temperatures(self) -> tuple[float, ...]:
+        """The temperatures a window may be decoded at, in order (one: no fallback)."""
+        return tuple(self.temperature) if isinstance(self.temperature, tuple) else (self.temperature,)
+
+    @property
     def timestamps(self) -> bool:
         """Whether the model decodes timestamp tokens (segments of its own)."""
         return "segment" in self.timestamp_granularities
 
     def sampling(self, seed: int | None = None) -> SamplingParams:
-        return SamplingParams(temperature=self.temperature, seed=seed)
+        """The first temperature's; with a fallback, each sample's log-probability too (the
+        fallback's check reads them)."""
+        temperatures = self.temperatures
+        if not temperatures:
+            raise ValueError("temperature: an empty tuple")
+        for temperature in temperatures[1:]:   # each one valid as a sampling temperature
+            SamplingParams(temperature=temperature, seed=seed)
+        return SamplingParams(temperature=temperatures[0], seed=seed, logprobs=0 if len(temperatures) > 1 else None)
 
 
 @dataclass
@@ -79,6 +96,7 @@ class TranscriptSegment:
     text: str               # stripped
     token_ids: list[int]    # its tokens (no EOS; its timestamp tokens included)
     seek: int = 0           # the first mel frame of its window (100 a second)
+    temperature: float = 0.0    # its window was decoded at (the temperature fallback's choice)
 
 
 @dataclass

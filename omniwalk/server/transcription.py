@@ -13,12 +13,21 @@ Request: multipart/form-data (OpenAI's form plus two extensions)
     language           "en", "english" or "<|en|>"; absent: detected from the first window
     prompt             previous text every window is conditioned on (<|startofprev|>)
     response_format    json (default) | text | verbose_json | srt | vtt
-    temperature        0 (default): greedy; no fallback to other temperatures
+    temperature        0 (default): greedy
     stream             true: SSE (response_format json or text only)
     timestamp_granularities[]   "segment" (verbose_json's default; verbose_json, srt or vtt only)
     max_output_tokens  extension: the transcript budget N (exactly N tokens unless the EOS
                        stops it first; the stopping EOS counts). Default: all the windows hold
     seed               extension: the sampling seed (temperature > 0)
+    temperature_fallback   extension: true: each window is decoded at `temperature`, and
+                       again at + 0.2, + 0.4, ... up to 1.0 while its output fails the checks
+                       of models/whisper/fallback.py (compression ratio > 2.4, average
+                       log-probability < -1.0), as openai-whisper's transcribe. OpenAI's API
+                       falls back from temperature 0 by default; here it is asked for, since
+                       it needs every token's log-probability, which takes decode steps off
+                       their fast path (no look-ahead, no sampling graphs). Every attempt's
+                       tokens count toward the budget; the text is the kept attempt's, and
+                       a segment's `temperature` says which (the text streams per window)
 
   /v1/audio/translations (task translate: the text in English) takes the same fields but
   language (detected), stream and timestamp_granularities[], as OpenAI's.
@@ -110,7 +119,9 @@ FIELDS = {
     "timestamp_granularities[]": "segment (verbose_json's default)",
     "max_output_tokens": "extension: the transcript token budget",
     "seed": "extension: the sampling seed",
+    "temperature_fallback": "extension: true: a window failing the checks is decoded again at temperature + 0.2, ...",
 }
+FALLBACK_STEP = 0.2   # openai-whisper's temperature_increment_on_fallback
 #: translations take the same fields but these (the spoken language is detected; no stream)
 TRANSLATION_FIELDS = {name: text for name, text in FIELDS.items()
                       if name not in ("language", "stream", "timestamp_granularities[]")}
@@ -195,6 +206,7 @@ class TranscriptionForm:
     max_output_tokens: int | None = None
     seed: int | None = None
     timestamp_granularities: tuple[str, ...] = ()
+    temperature_fallback: bool = False
 
     def request(self, task: str = "transcribe") -> TranscriptionRequest:
         """The engine's request (audio still as file bytes); a bad value is a 400 naming its field.
@@ -202,10 +214,20 @@ class TranscriptionForm:
         granularities = ("segment",) if self.response_format in SEGMENT_FORMATS else ()
         try:
             return TranscriptionRequest(self.audio, language=self.language, prompt=self.prompt, task=task,
-                                        max_output_tokens=self.max_output_tokens, temperature=self.temperature,
+                                        max_output_tokens=self.max_output_tokens, temperature=self.temperatures,
                                         seed=self.seed, timestamp_granularities=granularities)
         except ValueError as exc:
             raise _bad_value(exc) from None
+
+
+    @property
+    def temperatures(self) -> float | tuple[float, ...]:
+        """`temperature`, or with the fallback the schedule from it to 1.0 in steps of 0.2
+        (openai-whisper's: 0 -> 0.0, 0.2, 0.4, 0.6, 0.8, 1.0)."""
+        if not self.temperature_fallback:
+            return self.temperature
+        steps = max(0, math.floor((1.0 - self.temperature) / FALLBACK_STEP + 1e-6))
+        return tuple(round(self.temperature + FALLBACK_STEP * i, 6) for i in range(steps + 1))
 
 
 async def read_form(request: Request, fields: dict[str, str] = FIELDS) -> TranscriptionForm:
@@ -286,7 +308,8 @@ def _as_bool(name: str, value: str) -> bool:
 
 
 _PARSERS = {"model": _as_str, "language": _as_str, "prompt": _as_str, "response_format": _as_str,
-            "temperature": _as_float, "stream": _as_bool, "max_output_tokens": _as_int, "seed": _as_int}
+            "temperature": _as_float, "stream": _as_bool, "max_output_tokens": _as_int, "seed": _as_int,
+            "temperature_fallback": _as_bool}
 
 
 def _check_form(ctx: ServerContext, form: TranscriptionForm) -> None:
@@ -383,7 +406,7 @@ def render(result: TranscriptionResult, form: TranscriptionForm, positions: int,
         return JSONResponse({"text": result.text, "usage": usage_json(result.usage, result.finish_reason, positions)},
                             headers=headers)
     if fmt == "verbose_json":
-        return JSONResponse(verbose_json(result, form.temperature, positions, task), headers=headers)
+        return JSONResponse(verbose_json(result, positions, task), headers=headers)
     if fmt == "text":
         return PlainTextResponse(result.text, headers=headers)
     if fmt == "srt":
@@ -398,11 +421,11 @@ def usage_json(usage: TranscriptionUsage, finish_reason: str, positions: int, ki
             "seconds": usage.audio_seconds, "windows": usage.windows, "finish_reason": finish_reason}
 
 
-def verbose_json(result: TranscriptionResult, temperature: float, positions: int, task: str = "transcribe") -> dict:
+def verbose_json(result: TranscriptionResult, positions: int, task: str = "transcribe") -> dict:
     """OpenAI's verbose_json: `language` the detected or given one's name ("english"); a
     translation's is the language it is in, always "english" (as OpenAI's)."""
     segments = [{"id": i, "seek": s.seek, "start": s.start, "end": s.end, "text": s.text, "tokens": s.token_ids,
-                 "temperature": temperature}
+                 "temperature": s.temperature}
                 for i, s in enumerate(result.segments)]
     language = "english" if task == "translate" else result.language_name or result.language or "unknown"
     return {"task": task, "language": language, "duration": result.duration, "text": result.text,

@@ -1,7 +1,9 @@
-"""Whisper with timestamp tokens (timestamp_granularities=("segment",)): greedy ids and
-segments equal to transformers' `generate(return_timestamps=True, return_segments=True)`,
-short-form and long-form (windows that start where the last timestamp says), with a
-prompt, a detected language and the translate task; the window split on its own."""
+"""Whisper's windows. With timestamp tokens (timestamp_granularities=("segment",)): greedy
+ids and segments equal to transformers' `generate(return_timestamps=True,
+return_segments=True)`, short-form and long-form (windows that start where the last
+timestamp says), with a prompt, a detected language and the translate task; the window
+split on its own. The temperature fallback: transformers' checks, and a window decoded
+again at each temperature of the schedule while it fails them."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import torch
 
 from omniwalk import Engine, EngineArgs
 from omniwalk.capabilities.transcription import TranscriptionRequest, transcribe
+from omniwalk.models.whisper.fallback import compression_ratio, window_fails
 from omniwalk.models.whisper.timestamps import TimedSegment, split_window
 
 transformers = pytest.importorskip("transformers")
@@ -120,3 +123,45 @@ def test_split_window_cases():
     assert (segment.start, segment.end, advance) == pytest.approx((1.0, 13.0, 1200))
     # a last pair at <|0.00|> would start the next window where this one started: its end instead
     assert split_window([B, B, 1, 2], 0, 3000, B)[1] == 3000
+
+
+# ---------------------------------------------------------------- the temperature fallback
+
+
+def test_fallback_checks_are_transformers():
+    W = transformers.WhisperForConditionalGeneration
+    rng = np.random.default_rng(0)
+    for tokens in ([5] * 40, rng.integers(0, 2013, 40).tolist(), [7, 8, 9, 7, 8, 9] * 8 + [404]):
+        expected = W._retrieve_compression_ratio(torch.tensor(tokens), 2013)
+        assert compression_ratio(tokens, 2013) == pytest.approx(expected)
+    assert window_fails([5] * 40, -1.0, 40, 2013)                 # repetitive: ratio > 2.4
+    assert not window_fails([1, 2, 3, 4], -3.9, 4, 2013) and window_fails([1, 2, 3, 4], -4.1, 4, 2013)
+
+
+@pytest.mark.parametrize("granularities", [(), ("segment",)])
+def test_a_failing_window_is_decoded_again_at_each_temperature(engine, checkpoint, granularities):
+    """The random model's greedy window fails transformers' log-probability check (as HF's
+    own helpers say): the window is decoded at 0.5, then at 1.0, which is kept. The greedy
+    attempt's tokens (HF's) lead the stream; text and segments are the last attempt's."""
+    _, model, tokenizer = checkpoint
+    audio = clip("chirp", 11)
+    timestamps = bool(granularities)
+    out = model.generate(features(audio), language="en", task="transcribe", return_timestamps=timestamps,
+                         force_unique_generate_call=True, return_dict_in_generate=True, output_scores=True)
+    greedy = out.sequences[0][-len(out.scores):]
+    W = transformers.WhisperForConditionalGeneration
+    assert W._retrieve_avg_logprobs([s[0] for s in out.scores], greedy, 0.0) < -1.0     # HF would fall back
+    request = TranscriptionRequest(audio, language="en", temperature=(0.0, 0.5, 1.0), seed=3,
+                                   timestamp_granularities=granularities)
+    result = transcribe(engine, request)
+    first_attempt = [t for t in greedy.tolist() if t != model.generation_config.eos_token_id]
+    assert result.token_ids[: len(first_attempt)] == first_attempt
+    assert len(result.token_ids) > len(first_attempt) + 2 and result.finish_reason == "stop"
+    assert result.segments and {s.temperature for s in result.segments} == {1.0}
+    last_attempt = [t for s in result.segments for t in s.token_ids]
+    texts = [tokenizer.decode([t for t in s.token_ids if t < BEGIN], skip_special_tokens=True).strip()
+             for s in result.segments]
+    assert result.text == " ".join(t for t in texts if t)
+    assert result.token_ids[-len(last_attempt) - 1:-1] == last_attempt or timestamps   # then the EOS
+    streamed = list(engine.submit(request))
+    assert "".join(c.text for c in streamed) == result.text

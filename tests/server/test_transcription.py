@@ -26,7 +26,7 @@ from probes import cross_attention_slots
 from omniwalk.client import AsyncClient, Client, ServerError
 from omniwalk.loading import EngineArgs
 from omniwalk.capabilities.transcription import TranscriptionRequest, TranscriptSegment, transcribe
-from omniwalk.server.transcription import _timestamp, srt, vtt
+from omniwalk.server.transcription import TranscriptionForm, _timestamp, srt, vtt
 
 LANGUAGES = pytest.importorskip("transformers.models.whisper.tokenization_whisper").LANGUAGES
 
@@ -136,6 +136,22 @@ def test_openai_client_translations(whisper, oai, http):
         assert client.translate(WAV, response_format="text", max_output_tokens=24, **SAMPLED) == reference.text
     answer = http.post(TRANSLATE, files={"file": ("clip", WAV)}, data={"language": "de"})
     assert (answer.status_code, answer.json()["error"]["param"]) == (400, "language")
+
+
+def test_temperature_fallback_extension(whisper, http):
+    """temperature_fallback=true: openai-whisper's schedule from `temperature` (the engine's
+    fallback itself: tests/models/test_whisper_timestamps.py)."""
+    schedule = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+    assert TranscriptionForm(b"", temperature_fallback=True).temperatures == schedule
+    assert TranscriptionForm(b"", temperature=0.5, temperature_fallback=True).temperatures == (0.5, 0.7, 0.9)
+    assert TranscriptionForm(b"", temperature=0.5).temperatures == 0.5
+    answer = post(http, max_output_tokens=40, response_format="verbose_json", temperature_fallback=True, seed=5)
+    reference = transcribe(whisper.engine, TranscriptionRequest(WAV, max_output_tokens=40, temperature=schedule,
+                                                                seed=5, timestamp_granularities=SEGMENTS))
+    body = answer.json()
+    assert body["text"] == reference.text and body["usage"]["output_tokens"] == 40
+    assert [(s["temperature"], s["tokens"]) for s in body["segments"]] == [(s.temperature, s.token_ids)
+                                                                           for s in reference.segments]
 
 
 def test_streamed_deltas_join_to_non_streamed(whisper, oai, http, long_reference):

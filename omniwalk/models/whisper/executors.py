@@ -55,6 +55,7 @@ recomputed).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -65,8 +66,10 @@ from omniwalk.engine.cross_attention import CrossAttention, CrossAttentionCache
 from omniwalk.engine.cuda_graphs import DecodeGraphs
 from omniwalk.engine.host_to_device import to_device
 from omniwalk.engine.kv_cache import PagedKVCache
+from omniwalk.engine.sampler import SamplingParams
 from omniwalk.engine.sampling_graphs import CandidateTable
 from omniwalk.models.whisper.config import ForcedPrompt, WhisperGenerationConfig
+from omniwalk.models.whisper.fallback import window_fails
 from omniwalk.models.whisper.features import MelFrames
 from omniwalk.models.whisper.modeling import WhisperEncoder, WhisperForConditionalGeneration
 from omniwalk.models.whisper.timestamps import TimestampRules, split_window
@@ -110,6 +113,7 @@ class DecoderPrompt:
     encoder_states: dict[int, torch.Tensor]    # seek -> [source_len, d_model] on the device
     audio: MelFrames
     prompt: ForcedPrompt
+    temperatures: tuple[float, ...] = (0.0,)   # a window's attempts (the first: the stream's own)
 
 
 @dataclass(frozen=True)
@@ -121,6 +125,8 @@ class WindowInfo:
     language: int | None
     seek: int = 0
     num_frames: int = 3000
+    attempt: int = 0                # its decoding at temperatures[attempt] (a later one replaces it)
+    temperature: float = 0.0
 
 
 @dataclass
@@ -138,6 +144,11 @@ class TranscriptState(SequenceState):
     window_start: int = 0                # samples drawn before this window
     cross_window: int | None = None      # the window whose keys/values the cross slot holds
     restarted: bool = False              # a new sequence; the pages still held are the old one's
+    temperatures: tuple[float, ...] = (0.0,)
+    attempt: int = 0                     # the window's decoding at temperatures[attempt]
+    sampling: SamplingParams | None = None   # for attempts after the first (else the stream's)
+    logprob_sum: float = 0.0             # of the window's samples (the fallback's check)
+    num_logprobs: int = 0
 
     @property
     def detecting(self) -> bool:
@@ -145,7 +156,12 @@ class TranscriptState(SequenceState):
 
     @property
     def info(self) -> WindowInfo:
-        return WindowInfo(self.window, self.language, self.seek, self.audio.window_length(self.seek))
+        return WindowInfo(self.window, self.language, self.seek, self.audio.window_length(self.seek), self.attempt,
+                          self.temperatures[self.attempt])
+
+    @property
+    def can_fall_back(self) -> bool:
+        return self.attempt + 1 < len(self.temperatures)
 
     @property
     def window_tokens(self) -> list[int]:
@@ -156,12 +172,23 @@ class TranscriptState(SequenceState):
         """A phase change: the sequence starts over from position 0."""
         self.token_ids, self.num_computed, self.restarted = token_ids, 0, True
 
-    def next_window(self, seek: int) -> None:
-        """The window at `seek` starts over from the forced prompt."""
+    def next_window(self, seek: int, first: SamplingParams) -> None:
+        """The window at `seek` starts from the forced prompt, at the first temperature."""
         self.encoder_states.pop(self.seek, None)
         self.window += 1
         self.seek = seek
+        self._start_attempt(0, first)
+
+    def retry_window(self, stream_sampling: SamplingParams) -> None:
+        """The window starts over at the next temperature (its output failed the checks)."""
+        self._start_attempt(self.attempt + 1, stream_sampling)
+
+    def _start_attempt(self, attempt: int, stream_sampling: SamplingParams) -> None:
+        self.attempt = attempt
+        self.sampling = None if attempt == 0 else dataclasses.replace(stream_sampling,
+                                                                      temperature=self.temperatures[attempt])
         self.window_start = len(self.output_ids)
+        self.logprob_sum, self.num_logprobs = 0.0, 0
         self.restart(self.prompt.ids(self.language))
 
 
@@ -272,7 +299,7 @@ class DecoderExecutor(CausalLMExecutor):
         history = TokenHistory([]) if sampling is not None and sampling.has_penalties else None
         self.sequences[stream.handle] = TranscriptState(
             token_ids=first, prompt_len=len(first), history=history, encoder_states=dict(tokens.encoder_states),
-            audio=tokens.audio, prompt=prompt, language=prompt.language)
+            audio=tokens.audio, prompt=prompt, language=prompt.language, temperatures=tokens.temperatures)
 
     def can_reserve(self, stream, num_tokens: int) -> bool:
         handle = stream.handle
@@ -338,24 +365,48 @@ class DecoderExecutor(CausalLMExecutor):
 
     def _record_samples(self, calls, sequences, rows, sampled, seen_tokens):
         eos_of = [calls[index].stream.params.stop.eos_ids for index in rows]
+        forced = set()
         for k, index in enumerate(rows):
             if len(sequences[index].token_ids) >= self.max_positions:   # the window's context is full: it ends
                 sampled[k] = (min(eos_of[k]), None)
+                forced.add(index)
         results, _ = super()._record_samples(calls, sequences, rows, sampled, seen_tokens)
         ended = set()
         for index, eos_ids in zip(rows, eos_of):
             state, result = sequences[index], results[index]
+            if result["logprobs"] is not None:   # a stream with a fallback asks for them
+                state.logprob_sum += result["logprobs"].logprob
+                state.num_logprobs += 1
             if result["token"] not in eos_ids:
                 result["window"] = state.info
                 continue
             ended.add(index)
-            next_seek = state.seek + self._window_advance(state, state.window_tokens[:-1])
-            if next_seek >= state.audio.num_frames:   # the last window: its EOS ends the stream
-                result["window"] = state.info
-            else:   # the window's EOS is not an output: the next window starts from its prompt
-                results[index] = None
-                state.next_window(next_seek)
+            results[index] = self._end_window(state, result, calls[index].stream.params.sampling, index in forced)
         return results, ended
+
+    def _end_window(self, state: TranscriptState, result: dict, stream_sampling: SamplingParams,
+                    forced: bool) -> dict | None:
+        """The EOS that ends a window (`forced`: it is not a sample, the context was full):
+        the window is decoded again at the next temperature, or the next window starts,
+        or the stream ends with it (the last window: the one EOS emitted)."""
+        tokens = state.window_tokens
+        checked = tokens[:-1] if forced else tokens
+        if state.can_fall_back and window_fails(checked, state.logprob_sum, state.num_logprobs,
+                                                self.model.config.vocab_size):
+            state.retry_window(stream_sampling)
+            self._batch_rows = None    # the rows' sampling parameters changed
+            return None
+        next_seek = state.seek + self._window_advance(state, tokens[:-1])
+        if next_seek >= state.audio.num_frames:
+            result["window"] = state.info
+            return result
+        if state.sampling is not None:   # back to the stream's own sampling parameters
+            self._batch_rows = None
+        state.next_window(next_seek, stream_sampling)
+        return None
+
+    def _sampling_params(self, call: NodeCall) -> SamplingParams:
+        return self.sequences[call.stream.handle].sampling or call.stream.params.sampling
 
     def _window_advance(self, state: TranscriptState, tokens: list[int]) -> int:
         """Mel frames from the window's start to the next one's (tokens: the window's, no EOS)."""

@@ -59,6 +59,7 @@ class TranscriptionInputs:
 
     audio: MelFrames              # the recording's mel frames, on the CPU
     prompt: ForcedPrompt          # the decoder prompt of every window
+    temperatures: tuple[float, ...] = (0.0,)   # a window's attempts, in order (fallback.py)
 
     @property
     def encoded_seeks(self) -> tuple[int, ...]:
@@ -77,7 +78,8 @@ def whisper_plan(view: StreamView) -> WalkCall | None:
         return WalkCall("encode", {"features": request.features})
     if view.last_walk == "encode":
         states = dict(zip(request.encoded_seeks, view.kept["encoder_states"]))
-        return WalkCall("prefill", {"tokens": DecoderPrompt(states, request.audio, request.prompt)})
+        return WalkCall("prefill", {"tokens": DecoderPrompt(states, request.audio, request.prompt,
+                                                            request.temperatures)})
     if view.last_walk == "prefill":
         return WalkCall("decode", {"tokens": view.kept["token"]})
     return None

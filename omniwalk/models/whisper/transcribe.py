@@ -112,24 +112,32 @@ class TranscriptText:
     def segments(self, duration: float) -> list[TranscriptSegment]:
         """One per window that sampled a token: the window's span (ending at the audio's end)."""
         return [TranscriptSegment(w, window_offset(info.seek), min(window_offset(info.seek + info.num_frames), duration),
-                                  "".join(texts), ids, info.seek)
+                                  "".join(texts), ids, info.seek, info.temperature)
                 for w, (info, ids, texts) in sorted(self.windows.items())]
 
 
-class TimestampedText:
-    """The text of windows decoded with timestamps: a window's segments (timestamps.py)
-    once it ends, each segment's text stripped, non-empty ones joined by one space."""
+class WindowedText:
+    """Text released per window, once the window is done: its segments (timestamps.py)
+    when it was decoded with timestamps, else the window as one segment; each segment's
+    text stripped, non-empty ones joined by one space. A later attempt of the same window
+    (the temperature fallback) replaces the earlier one's tokens."""
 
-    def __init__(self, tokenizer, timestamp_begin: int):
+    def __init__(self, tokenizer, timestamp_begin: int, timestamps: bool):
         self.tokenizer = tokenizer
         self.timestamp_begin = timestamp_begin
+        self.timestamps = timestamps
         self.window: WindowInfo | None = None
-        self.tokens: list[int] = []         # the current window's
+        self.tokens: list[int] = []         # the current window's (its latest attempt's)
         self.any_text = False
         self.done: list[TranscriptSegment] = []
+        self.duration = 0.0                 # set by the processor: a window's span ends at the audio's end
 
     def add(self, info: WindowInfo, token: int) -> str:
-        out = self._end_window() if self.window is not None and info.index != self.window.index else ""
+        out = ""
+        if self.window is not None and info.index != self.window.index:
+            out = self._end_window()
+        elif self.window is not None and info.attempt != self.window.attempt:
+            self.tokens = []                # that attempt failed the fallback's checks
         self.window = info
         self.tokens.append(token)
         return out
@@ -146,11 +154,11 @@ class TimestampedText:
             return ""
         self.window, self.tokens = None, []
         pieces = []
-        for segment in split_window(tokens, info.seek, info.num_frames, self.timestamp_begin)[0]:
-            text = self.tokenizer.decode([t for t in segment.tokens if t < self.timestamp_begin],
+        for start, end, segment_tokens in self._spans(info, tokens):
+            text = self.tokenizer.decode([t for t in segment_tokens if t < self.timestamp_begin],
                                          skip_special_tokens=True).strip()
-            self.done.append(TranscriptSegment(info.index, segment.start, segment.end, text, list(segment.tokens),
-                                               info.seek))
+            self.done.append(TranscriptSegment(info.index, start, end, text, list(segment_tokens), info.seek,
+                                               info.temperature))
             if text:
                 pieces.append(text)
         if not pieces:
@@ -159,6 +167,13 @@ class TimestampedText:
         self.any_text = True
         return out
 
+    def _spans(self, info: WindowInfo, tokens: list[int]):
+        if self.timestamps:
+            return [(s.start, s.end, s.tokens)
+                    for s in split_window(tokens, info.seek, info.num_frames, self.timestamp_begin)[0]]
+        end = min(window_offset(info.seek + info.num_frames), self.duration)
+        return [(window_offset(info.seek), end, tokens)]
+
 
 class TranscriptionOutputProcessor:
     """Runtime outputs of one transcription -> TranscriptionChunks (on the engine's loop thread)."""
@@ -166,11 +181,16 @@ class TranscriptionOutputProcessor:
     ends_request = False
 
     def __init__(self, request_id: str, generation: WhisperGenerationConfig, tokenizer, stop_ids: frozenset[int],
-                 language: str | None, duration: float, num_windows: int | None, timestamps: bool):
+                 language: str | None, duration: float, num_windows: int | None, timestamps: bool,
+                 fallback: bool = False):
         self.request_id = request_id
         self.generation = generation
         begin = generation.timestamp_begin
-        self.text = TimestampedText(tokenizer, begin) if timestamps else TranscriptText(tokenizer, begin)
+        if timestamps or fallback:   # a window's text is known when the window is done
+            self.text = WindowedText(tokenizer, begin, timestamps)
+            self.text.duration = duration
+        else:
+            self.text = TranscriptText(tokenizer, begin)
         self.stop_ids = stop_ids
         self.language = language
         self.duration = duration
@@ -245,7 +265,7 @@ class WhisperTranscriptionFrontend(TranscriptionFrontend):
         max_positions = self.config.max_target_positions
         previous = self.previous_text_ids(request.prompt, max_positions // 2 - 1)
         prompt = generation.forced_prompt(request.language, request.task, previous, timestamps=request.timestamps)
-        inputs = TranscriptionInputs(self.features(samples), prompt)
+        inputs = TranscriptionInputs(self.features(samples), prompt, request.temperatures)
         budget = self._budget(request, inputs, max_positions)
         seed = request.seed if request.seed is not None else draw_seed()
         stop = StopConfig(eos_ids=self.eos_token_ids)
@@ -257,14 +277,15 @@ class WhisperTranscriptionFrontend(TranscriptionFrontend):
         duration = samples.size / self.sampling_rate
         num_windows = None if prompt.timestamps else len(inputs.audio.consecutive_seeks)
         processor = TranscriptionOutputProcessor(request_id, generation, self.tokenizer, stop.stopping_ids(), language,
-                                                 duration, num_windows, prompt.timestamps)
+                                                 duration, num_windows, prompt.timestamps,
+                                                 fallback=len(inputs.temperatures) > 1)
         return Prepared(runtime_request, processor, None)
 
     @staticmethod
     def _budget(request: TranscriptionRequest, inputs: TranscriptionInputs, max_positions: int) -> int:
         """The transcript's budget: the request's, or what the windows' decoder contexts hold."""
         prompt_len = len(inputs.prompt)
-        per_window = max_positions - prompt_len
+        per_window = (max_positions - prompt_len) * len(inputs.temperatures)   # each attempt's tokens count
         if inputs.prompt.timestamps:    # windows decided while decoding: each advances >= 1 frame
             return request.max_output_tokens or inputs.audio.num_frames * per_window
         num_windows = len(inputs.audio.consecutive_seeks)
@@ -272,7 +293,8 @@ class WhisperTranscriptionFrontend(TranscriptionFrontend):
         budget = request.max_output_tokens if request.max_output_tokens is not None else most
         if budget > most:
             raise ValueError(f"max_output_tokens ({budget}) exceeds what {num_windows} window(s) of audio can "
-                             f"hold: {max_positions} decoder positions per window, {prompt_len} of them prompt")
+                             f"hold: {max_positions} decoder positions per window, {prompt_len} of them prompt"
+                             + (f", {len(inputs.temperatures)} temperatures" if len(inputs.temperatures) > 1 else ""))
         return budget
 
 
