@@ -28,6 +28,11 @@ last. A window's encoder states come from the encoder node when it encoded that 
 up front, else the decoder encodes it (its features sliced at `seek`) the first time
 the window runs, batched with the other streams starting a window in that step.
 
+With a temperature fallback (fallback.py) a window whose tokens fail the checks when it
+ends is decoded again, from its prompt, at the next temperature of the request's
+schedule: its EOS is swallowed like a window boundary's, and `_sampling_params` gives the
+row that attempt's temperature.
+
 A phase change ends the call without outputs (None) and restarts the stream's sequence
 from position 0; the runtime keeps the stream at the node, and the next step computes
 the new sequence (chunked like any prefill). The old sequence's pages are given back

@@ -22,14 +22,19 @@ stream, each window from the same forced prompt (the request's `prompt` included
                     last complete segment are decoded again by the next window: they stay
                     in `token_ids` (the budget counted them) but not in the text.
 
+    fallback        (temperature=(t0, t1, ...): fallback.py) a window that fails the checks is
+                    decoded again at the next temperature; its text is streamed when the
+                    window is done, like with timestamps, and is the last attempt's; every
+                    attempt's tokens stay in `token_ids` (the budget counted them).
+
 The streamed deltas add up to exactly the final text.
 
 Counting: `max_output_tokens` (N) is the budget of the transcript stream: exactly N
 tokens unless EOS stops it first; the stopping EOS counts toward N and is listed in
 `token_ids`, but never becomes text. The budget counts tokens across windows; the EOS
 that ends a window other than the last is not an output. N = None: as many as the
-windows' decoder contexts hold (windows * (max_target_positions - prompt length)),
-also the largest N accepted; with timestamps the windows are not known up front, so any
+windows' decoder contexts hold (windows * (max_target_positions - prompt length), times
+the temperatures with a fallback), also the largest N accepted; with timestamps the windows are not known up front, so any
 N is accepted and None is as many as a window per mel frame would hold.
 """
 
