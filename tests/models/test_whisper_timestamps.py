@@ -18,7 +18,7 @@ from omniwalk.models.whisper.timestamps import TimedSegment, split_window
 
 transformers = pytest.importorskip("transformers")
 
-from whisper_checkpoints import SR, clip, features, save_tiny_whisper  # noqa: E402
+from whisper_checkpoints import clip, features, save_tiny_whisper  # noqa: E402
 
 MAX_TARGET = 40          # short windows: a few timestamps each, and contexts that fill up
 BEGIN = 512              # <|0.00|> of tiny-whisper's vocabulary

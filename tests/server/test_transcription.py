@@ -209,7 +209,8 @@ def test_cue_text_is_made_safe():
 
 def test_wav_flac_and_mp3_uploads(whisper, http, tmp_path):
     samples = clip(4, seed=2)
-    texts = [post(http, encode(samples, fmt), max_output_tokens=12, **SAMPLED).json()["text"] for fmt in ("WAV", "FLAC")]
+    texts = [post(http, encode(samples, fmt), max_output_tokens=12, **SAMPLED).json()["text"]
+             for fmt in ("WAV", "FLAC")]
     reference = transcribe(whisper.engine, TranscriptionRequest(samples, max_output_tokens=12, **SAMPLED))
     assert texts[0] == texts[1] == reference.text and texts[0]
     mp3 = post(http, encode(samples, "MP3"), max_output_tokens=3, response_format="verbose_json")

@@ -34,8 +34,9 @@ tokens unless EOS stops it first; the stopping EOS counts toward N and is listed
 `token_ids`, but never becomes text. The budget counts tokens across windows; the EOS
 that ends a window other than the last is not an output. N = None: as many as the
 windows' decoder contexts hold (windows * (max_target_positions - prompt length), times
-the temperatures with a fallback), also the largest N accepted; with timestamps the windows are not known up front, so any
-N is accepted and None is as many as a window per mel frame would hold.
+the temperatures with a fallback), also the largest N accepted; with timestamps the
+windows are not known up front, so any N is accepted and None is as many as a window per
+mel frame would hold.
 """
 
 from __future__ import annotations
@@ -116,8 +117,9 @@ class TranscriptText:
 
     def segments(self, duration: float) -> list[TranscriptSegment]:
         """One per window that sampled a token: the window's span (ending at the audio's end)."""
-        return [TranscriptSegment(w, window_offset(info.seek), min(window_offset(info.seek + info.num_frames), duration),
-                                  "".join(texts), ids, info.seek, info.temperature)
+        return [TranscriptSegment(w, window_offset(info.seek),
+                                  min(window_offset(info.seek + info.num_frames), duration), "".join(texts), ids,
+                                  info.seek, info.temperature)
                 for w, (info, ids, texts) in sorted(self.windows.items())]
 
 
