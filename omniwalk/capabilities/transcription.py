@@ -9,7 +9,8 @@ frontend contract.
 Audio: bytes of a WAV/FLAC/MP3/OGG file, or float32 mono samples at the model's rate.
 Timestamps: `timestamp_granularities=("segment",)` decodes with Whisper's timestamp tokens:
 `segments` then hold the model's segments (times from its timestamps); without, one
-segment per 30 s window of audio.
+segment per 30 s window of audio. "word" adds each token's time by cross-attention
+alignment (the checkpoint's `alignment_heads`) and `words` from them.
 Temperature fallback: `temperature=(0.0, 0.2, 0.4, 0.6, 0.8, 1.0)` decodes each window at the
 first; a window whose output fails the model's checks (Whisper: transformers' and
 openai-whisper's compression ratio and average log-probability) is decoded again at the
@@ -30,7 +31,7 @@ from omniwalk.capabilities import Capability, Frontend
 from omniwalk.engine.sampler import SamplingParams
 
 TASKS = ("transcribe", "translate")
-GRANULARITIES = ("segment",)
+GRANULARITIES = ("segment", "word")
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,11 @@ class TranscriptionRequest:
         """Whether the model decodes timestamp tokens (segments of its own)."""
         return "segment" in self.timestamp_granularities
 
+    @property
+    def word_timestamps(self) -> bool:
+        """Whether each token gets a time by cross-attention alignment (words from them)."""
+        return "word" in self.timestamp_granularities
+
     def sampling(self, seed: int | None = None) -> SamplingParams:
         """The first temperature's; with a fallback, each sample's log-probability too (the
         fallback's check reads them)."""
@@ -97,6 +103,16 @@ class TranscriptSegment:
     token_ids: list[int]    # its tokens (no EOS; its timestamp tokens included)
     seek: int = 0           # the first mel frame of its window (100 a second)
     temperature: float = 0.0    # its window was decoded at (the temperature fallback's choice)
+    token_times: list[float] | None = None   # word timestamps: each token's time (seconds into the audio)
+
+
+@dataclass
+class TranscriptWord:
+    """A word of the transcript and when it was spoken (word timestamps)."""
+
+    word: str
+    start: float            # seconds into the audio
+    end: float
 
 
 @dataclass
@@ -113,6 +129,7 @@ class TranscriptionChunk:
     segments: list[TranscriptSegment] | None = None       # on the last chunk
     language_name: str | None = None                      # on the last chunk ("english")
     error: str | None = None
+    words: list[TranscriptWord] | None = None             # on the last chunk, with word timestamps
 
 
 @dataclass
@@ -127,6 +144,7 @@ class TranscriptionResult:
     finish_reason: str
     usage: TranscriptionUsage
     error: str | None = None
+    words: list[TranscriptWord] | None = None
 
 
 class TranscriptionFrontend(Frontend):
@@ -146,7 +164,7 @@ def result_of(request_id: str, chunks: list[TranscriptionChunk]) -> Transcriptio
     last = chunks[-1]
     return TranscriptionResult(request_id, "".join(c.text for c in chunks), [t for c in chunks for t in c.token_ids],
                                last.language, last.language_name, last.usage.audio_seconds, last.segments or [],
-                               last.finish_reason, last.usage, last.error)
+                               last.finish_reason, last.usage, last.error, last.words)
 
 
 def transcribe(engine, request: TranscriptionRequest) -> TranscriptionResult:

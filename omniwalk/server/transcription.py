@@ -15,7 +15,8 @@ Request: multipart/form-data (OpenAI's form plus two extensions)
     response_format    json (default) | text | verbose_json | srt | vtt
     temperature        0 (default): greedy
     stream             true: SSE (response_format json or text only)
-    timestamp_granularities[]   "segment" (verbose_json's default; verbose_json, srt or vtt only)
+    timestamp_granularities[]   "segment" (verbose_json's default; verbose_json, srt or vtt only),
+                       "word" (verbose_json: `words` too, by cross-attention alignment)
     max_output_tokens  extension: the transcript budget N (exactly N tokens unless the EOS
                        stops it first; the stopping EOS counts). Default: all the windows hold
     seed               extension: the sampling seed (temperature > 0)
@@ -35,7 +36,7 @@ Request: multipart/form-data (OpenAI's form plus two extensions)
   An empty value is the field not given (HTML forms send empty fields). Unknown fields, a
   field given twice, a wrong type, unreadable or empty audio: 400 in the OpenAI envelope.
   OpenAI fields that would change the output and are not implemented (include[],
-  chunking_strategy, word timestamps, ...) are a 400 when set, never silently ignored.
+  chunking_strategy, ...) are a 400 when set, never silently ignored.
 
 Responses (not streamed); every one carries the headers X-Request-Id, X-Finish-Reason
 ("length" | "stop") and X-Usage-Output-Tokens:
@@ -45,7 +46,8 @@ Responses (not streamed); every one carries the headers X-Request-Id, X-Finish-R
     verbose_json  {"task": "transcribe" | "translate", "language" (a name: the detected or
                    given one's, "english"; a translation's is always "english", as OpenAI's),
                    "duration" (seconds), "text", "segments": [{"id", "seek", "start", "end",
-                   "text", "tokens", "temperature"}], "usage"}
+                   "text", "tokens", "temperature"}], "words": [{"word", "start", "end"}]
+                   (timestamp_granularities word only), "usage"}
     srt, vtt      subtitles from the same segments (text/plain; text/vtt)
 
   usage: {"type": "tokens" ("duration" in verbose_json, as OpenAI), "input_tokens",
@@ -60,7 +62,10 @@ Timestamps: verbose_json, srt and vtt decode with Whisper's timestamp tokens (no
 produced it, `tokens` its ids with its timestamp tokens; srt/vtt have a cue per segment
 with text. Windows then start where the model's last timestamp says (transformers'
 long-form decoding, models/whisper/timestamps.py). json and text decode without timestamps
-(consecutive 30 s windows). A cue's text is the segment's text with each line stripped and
+(consecutive 30 s windows). Words (granularity word): each window's tokens get times by
+cross-attention alignment with the checkpoint's alignment_heads (models/whisper/alignment.py,
+transformers' return_token_timestamps); a word starts at its first token's time and ends at
+the next token's. A cue's text is the segment's text with each line stripped and
 blank lines dropped (a blank line would end the cue); srt writes "-->" as "->", vtt escapes
 &, < and >.
 
@@ -116,7 +121,7 @@ FIELDS = {
     "response_format": "json | text | verbose_json | srt | vtt",
     "temperature": "sampling temperature; 0: greedy",
     "stream": "true: server-sent transcript.text.delta events (json and text only)",
-    "timestamp_granularities[]": "segment (verbose_json's default)",
+    "timestamp_granularities[]": "segment (verbose_json's default), word",
     "max_output_tokens": "extension: the transcript token budget",
     "seed": "extension: the sampling seed",
     "temperature_fallback": "extension: true: a window failing the checks is decoded again at temperature + 0.2, ...",
@@ -212,6 +217,8 @@ class TranscriptionForm:
         """The engine's request (audio still as file bytes); a bad value is a 400 naming its field.
         The formats that list segments decode with timestamps, whatever the granularities say."""
         granularities = ("segment",) if self.response_format in SEGMENT_FORMATS else ()
+        if "word" in self.timestamp_granularities and self.response_format == "verbose_json":
+            granularities += ("word",)
         try:
             return TranscriptionRequest(self.audio, language=self.language, prompt=self.prompt, task=task,
                                         max_output_tokens=self.max_output_tokens, temperature=self.temperatures,
@@ -266,8 +273,8 @@ def _check_names(values: dict[str, list], fields: dict[str, str]) -> None:
 
 def _granularities(items: list) -> tuple[str, ...]:
     for item in items:
-        if item not in ("segment", ""):
-            raise ApiError(400, f"timestamp_granularities {item!r} is not supported; only segment",
+        if item not in ("segment", "word", ""):
+            raise ApiError(400, f"timestamp_granularities {item!r} is not supported; supported: segment, word",
                            "timestamp_granularities[]")
     return tuple(item for item in items if item)
 
@@ -428,8 +435,11 @@ def verbose_json(result: TranscriptionResult, positions: int, task: str = "trans
                  "temperature": s.temperature}
                 for i, s in enumerate(result.segments)]
     language = "english" if task == "translate" else result.language_name or result.language or "unknown"
-    return {"task": task, "language": language, "duration": result.duration, "text": result.text,
+    body = {"task": task, "language": language, "duration": result.duration, "text": result.text,
             "segments": segments, "usage": usage_json(result.usage, result.finish_reason, positions, kind="duration")}
+    if result.words is not None:
+        body["words"] = [{"word": w.word, "start": w.start, "end": w.end} for w in result.words]
+    return body
 
 
 def srt(segments: list[TranscriptSegment]) -> str:

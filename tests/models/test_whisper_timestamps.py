@@ -165,3 +165,32 @@ def test_a_failing_window_is_decoded_again_at_each_temperature(engine, checkpoin
     assert result.token_ids[-len(last_attempt) - 1:-1] == last_attempt or timestamps   # then the EOS
     streamed = list(engine.submit(request))
     assert "".join(c.text for c in streamed) == result.text
+
+
+# ---------------------------------------------------------------- word timestamps
+
+
+@pytest.mark.parametrize("granularities", [("word",), ("word", "segment")])
+def test_token_times_equal_hf_return_token_timestamps(engine, checkpoint, granularities):
+    """Each token's time by cross-attention alignment (the checkpoint's alignment_heads)
+    within 20 ms of transformers' return_token_timestamps on the same window (its
+    attention mask: the audio's frames), and words cut from them."""
+    _, model, tokenizer = checkpoint
+    audio = clip("chirp", 11)
+    timestamps = "segment" in granularities
+    inputs = transformers.WhisperFeatureExtractor(feature_size=80)(audio, sampling_rate=16000, return_tensors="pt",
+                                                                 return_attention_mask=True)
+    out = model.generate(inputs.input_features, attention_mask=inputs.attention_mask, language="en",
+                         task="transcribe", return_timestamps=timestamps, return_token_timestamps=True,
+                         force_unique_generate_call=True, return_dict_in_generate=True)
+    prompt_len = 3 if timestamps else 4
+    expected = out["token_timestamps"][0].tolist()[prompt_len:]
+    result = transcribe(engine, TranscriptionRequest(audio, language="en", timestamp_granularities=granularities))
+    first_window = [s for s in result.segments if s.window == 0]
+    times = [t for s in first_window for t in s.token_times]
+    tokens = [t for s in first_window for t in s.token_ids]
+    assert tokens == out["sequences"][0].tolist()[prompt_len:][: len(tokens)] and len(tokens) > 4
+    assert max(abs(ours - theirs) for ours, theirs in zip(times, expected)) <= 0.02
+    assert result.words and all(w.start <= w.end for w in result.words)
+    assert [w.start for w in result.words] == sorted(w.start for w in result.words)
+    assert "".join(w.word for w in result.words) == "".join(result.text.split())   # the words are the text

@@ -104,12 +104,17 @@ def test_openai_client_json_text_verbose_equal_in_process(whisper, oai):
     timed = transcribe(whisper.engine, TranscriptionRequest(WAV, max_output_tokens=24, timestamp_granularities=SEGMENTS,
                                                             **SAMPLED))
     verbose = oai.audio.transcriptions.create(**options, response_format="verbose_json",
-                                              timestamp_granularities=["segment"])
+                                              timestamp_granularities=["word", "segment"])
     assert (verbose.text, verbose.language, verbose.duration) == (timed.text, timed.language_name, 5.0)
     assert verbose.language in LANGUAGES.values() and verbose.task == "transcribe"
     assert [(s.id, s.seek, s.start, s.end, s.text, s.tokens) for s in verbose.segments] == [
         (i, s.seek, s.start, s.end, s.text, s.token_ids) for i, s in enumerate(timed.segments)]
     assert len(timed.segments) > 1 and timed.segments[0].token_ids[0] >= TIMESTAMP_BEGIN
+    worded = transcribe(whisper.engine, TranscriptionRequest(WAV, max_output_tokens=24, **SAMPLED,
+                                                             timestamp_granularities=("segment", "word")))
+    assert [(w.word, w.start, w.end) for w in verbose.words] == [(w.word, w.start, w.end) for w in worded.words]
+    assert verbose.words and [(s.start, s.end, s.token_ids) for s in worded.segments] == [
+        (s.start, s.end, s.token_ids) for s in timed.segments]      # aligning changes no sample
     given = oai.audio.transcriptions.create(**options, response_format="verbose_json", language="de")
     assert given.language == "german"
     # the client's defaults: no budget, the whole window's context
@@ -280,7 +285,7 @@ def test_bad_input_is_a_400_and_the_server_keeps_serving(whisper, http):
         ({"file": ("clip", WAV)}, {"max_output_tokens": "445"}, "max_output_tokens", "exceeds"),
         ({"file": ("clip", WAV)}, {"language": "klingon"}, "language", "unsupported language"),
         ({"file": ("clip", WAV)}, {"language": ["en", "de"]}, "language", "2 times"),
-        ({"file": ("clip", WAV)}, {"timestamp_granularities[]": "word", "response_format": "verbose_json"},
+        ({"file": ("clip", WAV)}, {"timestamp_granularities[]": "character", "response_format": "verbose_json"},
          "timestamp_granularities[]", "not supported"),
         ({"file": ("clip", WAV)}, {"timestamp_granularities[]": "segment"}, "timestamp_granularities[]",
          "needs response_format verbose_json"),

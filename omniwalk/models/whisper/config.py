@@ -48,6 +48,7 @@ class WhisperConfig:
     max_target_positions: int = 448      # decoder positions: prompt + transcript of one window
     activation_function: str = "gelu"
     tie_word_embeddings: bool = True     # proj_out is embed_tokens
+    median_filter_width: int = 7         # word alignment: the cross-attention's smoothing over frames
 
     def __post_init__(self):
         for name in ("vocab_size", "num_mel_bins", "d_model", "encoder_layers", "encoder_attention_heads",

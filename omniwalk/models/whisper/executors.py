@@ -73,6 +73,7 @@ from omniwalk.engine.host_to_device import to_device
 from omniwalk.engine.kv_cache import PagedKVCache
 from omniwalk.engine.sampler import SamplingParams
 from omniwalk.engine.sampling_graphs import CandidateTable
+from omniwalk.models.whisper.alignment import alignment_weights, token_times
 from omniwalk.models.whisper.config import ForcedPrompt, WhisperGenerationConfig
 from omniwalk.models.whisper.fallback import window_fails
 from omniwalk.models.whisper.features import MelFrames
@@ -119,6 +120,7 @@ class DecoderPrompt:
     audio: MelFrames
     prompt: ForcedPrompt
     temperatures: tuple[float, ...] = (0.0,)   # a window's attempts (the first: the stream's own)
+    align: bool = False                        # token times by cross-attention alignment
 
 
 @dataclass(frozen=True)
@@ -132,6 +134,17 @@ class WindowInfo:
     num_frames: int = 3000
     attempt: int = 0                # its decoding at temperatures[attempt] (a later one replaces it)
     temperature: float = 0.0
+    aligned: "WindowTimes | None" = None    # the token times of a window that ended (or was cut) just now
+
+
+@dataclass(frozen=True)
+class WindowTimes:
+    """Word timestamps: the times of one window's tokens (seconds from the window's start),
+    sent with the first item after the window ends (or with the window's last item)."""
+
+    index: int
+    attempt: int
+    times: tuple[float, ...]
 
 
 @dataclass
@@ -154,15 +167,18 @@ class TranscriptState(SequenceState):
     sampling: SamplingParams | None = None   # for attempts after the first (else the stream's)
     logprob_sum: float = 0.0             # of the window's samples (the fallback's check)
     num_logprobs: int = 0
+    align: bool = False                  # word timestamps: each window's token times
+    aligned: WindowTimes | None = None   # a window's times, until the next item carries them
 
     @property
     def detecting(self) -> bool:
         return self.language is None and self.prompt.detects_language
 
-    @property
-    def info(self) -> WindowInfo:
+    def next_info(self) -> WindowInfo:
+        """The window of the item emitted now; it carries the times of a window that ended (once)."""
+        aligned, self.aligned = self.aligned, None
         return WindowInfo(self.window, self.language, self.seek, self.audio.window_length(self.seek), self.attempt,
-                          self.temperatures[self.attempt])
+                          self.temperatures[self.attempt], aligned)
 
     @property
     def can_fall_back(self) -> bool:
@@ -242,6 +258,11 @@ class WhisperLogits:
             self.rules(logits, rows, [output_ids[row][states[row].window_start :] for row in rows])
 
 
+def _is_last_item(stream) -> bool:
+    """Whether the item a stream emits now is the last its budget allows (the runtime counts it next)."""
+    return stream.params.max_items is not None and stream.count + 1 >= stream.params.max_items
+
+
 def _id_mask(vocab: int, ids) -> torch.Tensor:
     mask = torch.zeros(vocab, dtype=torch.bool)
     mask[[i for i in ids if 0 <= i < vocab]] = True
@@ -304,7 +325,8 @@ class DecoderExecutor(CausalLMExecutor):
         history = TokenHistory([]) if sampling is not None and sampling.has_penalties else None
         self.sequences[stream.handle] = TranscriptState(
             token_ids=first, prompt_len=len(first), history=history, encoder_states=dict(tokens.encoder_states),
-            audio=tokens.audio, prompt=prompt, language=prompt.language, temperatures=tokens.temperatures)
+            audio=tokens.audio, prompt=prompt, language=prompt.language, temperatures=tokens.temperatures,
+            align=tokens.align)
 
     def can_reserve(self, stream, num_tokens: int) -> bool:
         handle = stream.handle
@@ -383,7 +405,9 @@ class DecoderExecutor(CausalLMExecutor):
                 state.logprob_sum += result["logprobs"].logprob
                 state.num_logprobs += 1
             if result["token"] not in eos_ids:
-                result["window"] = state.info
+                if state.align and _is_last_item(calls[index].stream):   # the budget cuts the window here
+                    self._align(state, state.window_tokens)
+                result["window"] = state.next_info()
                 continue
             ended.add(index)
             results[index] = self._end_window(state, result, calls[index].stream.params.sampling, index in forced)
@@ -401,14 +425,26 @@ class DecoderExecutor(CausalLMExecutor):
             state.retry_window(stream_sampling)
             self._batch_rows = None    # the rows' sampling parameters changed
             return None
+        if state.align:
+            self._align(state, checked)
         next_seek = state.seek + self._window_advance(state, tokens[:-1])
         if next_seek >= state.audio.num_frames:
-            result["window"] = state.info
+            result["window"] = state.next_info()
             return result
         if state.sampling is not None:   # back to the stream's own sampling parameters
             self._batch_rows = None
         state.next_window(next_seek, stream_sampling)
         return None
+
+    def _align(self, state: TranscriptState, tokens: list[int]) -> None:
+        """The window's token times (`tokens`: its samples, an EOS sampled included), for
+        the next item to carry. One eager decoder pass over the window (alignment.py)."""
+        prompt = state.prompt.ids(state.language)
+        heads = self.generation.alignment_heads
+        weights = alignment_weights(self.model.decoder, self._window_states([state])[0], prompt + tokens[:-1], heads)
+        times = token_times(weights[:, len(prompt):], len(tokens), state.audio.window_audio_frames(state.seek),
+                            self.model.config.median_filter_width)
+        state.aligned = WindowTimes(state.window, state.attempt, tuple(times))
 
     def _sampling_params(self, call: NodeCall) -> SamplingParams:
         return self.sequences[call.stream.handle].sampling or call.stream.params.sampling

@@ -109,6 +109,7 @@ class MelFrames:
 
     frames: torch.Tensor          # [num_mel_bins, num_frames] float32
     window_frames: int            # frames of one window (3000)
+    audio_frames: int = 0         # frames of audio (fewer than num_frames where it was padded)
 
     @property
     def num_frames(self) -> int:
@@ -118,6 +119,12 @@ class MelFrames:
     def window_length(self, seek: int) -> int:
         """Frames of audio in the window at `seek` (the rest is padding)."""
         return min(self.window_frames, self.num_frames - seek)
+
+    def window_audio_frames(self, seek: int) -> int:
+        """Frames of the recording itself in the window at `seek` (not its padding); the
+        window's frames where it lies in the padding (a short clip's later windows)."""
+        frames = min(self.window_frames, self.audio_frames - seek)
+        return frames if frames > 0 else self.window_length(seek)
 
     def window(self, seek: int) -> torch.Tensor:
         """[num_mel_bins, window_frames]: frames [seek, seek + window_frames), zeros past the end."""
@@ -154,12 +161,13 @@ class LogMelFeatures:
         samples = torch.as_tensor(audio, dtype=torch.float32, device=self.device).reshape(-1)
         if samples.numel() == 0:
             raise ValueError("the audio is empty")
+        audio_frames = samples.numel() // config.hop_length
         if samples.numel() <= config.window_samples:
             samples = torch.nn.functional.pad(samples, (0, config.window_samples - samples.numel()))
         log_spec = self._log_mel(samples)
         peak = log_spec.max()                        # over the whole recording
         log_spec = torch.maximum(log_spec, peak - 8.0)
-        return MelFrames((log_spec + 4.0) / 4.0, config.num_frames)
+        return MelFrames((log_spec + 4.0) / 4.0, config.num_frames, audio_frames)
 
     def _log_mel(self, samples: torch.Tensor) -> torch.Tensor:
         """log10 mel power [mels, samples // hop], in blocks of frames (centred STFT: the

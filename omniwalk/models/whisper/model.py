@@ -60,6 +60,7 @@ class TranscriptionInputs:
     audio: MelFrames              # the recording's mel frames, on the CPU
     prompt: ForcedPrompt          # the decoder prompt of every window
     temperatures: tuple[float, ...] = (0.0,)   # a window's attempts, in order (fallback.py)
+    word_timestamps: bool = False              # each window's token times by alignment (alignment.py)
 
     @property
     def encoded_seeks(self) -> tuple[int, ...]:
@@ -79,7 +80,7 @@ def whisper_plan(view: StreamView) -> WalkCall | None:
     if view.last_walk == "encode":
         states = dict(zip(request.encoded_seeks, view.kept["encoder_states"]))
         return WalkCall("prefill", {"tokens": DecoderPrompt(states, request.audio, request.prompt,
-                                                            request.temperatures)})
+                                                            request.temperatures, request.word_timestamps)})
     if view.last_walk == "prefill":
         return WalkCall("decode", {"tokens": view.kept["token"]})
     return None

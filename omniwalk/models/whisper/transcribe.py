@@ -41,6 +41,7 @@ mel frame would hold.
 
 from __future__ import annotations
 
+import string
 from typing import Callable
 
 import numpy as np
@@ -49,11 +50,12 @@ from omniwalk.audio import load_audio
 from omniwalk.capabilities import Prepared
 from omniwalk.capabilities.transcription import (
     TranscriptionChunk, TranscriptionFrontend, TranscriptionRequest, TranscriptionUsage, TranscriptSegment,
+    TranscriptWord,
 )
 from omniwalk.detokenizer import IncrementalDetokenizer
 from omniwalk.engine.sampler import SamplingParams
 from omniwalk.models.whisper.config import WhisperConfig, WhisperGenerationConfig, language_name
-from omniwalk.models.whisper.executors import WindowInfo
+from omniwalk.models.whisper.executors import WindowInfo, WindowTimes
 from omniwalk.models.whisper.features import LogMelFeatures
 from omniwalk.models.whisper.model import TRANSCRIPT_STREAM, TranscriptionInputs, WhisperTranscriptionModel
 from omniwalk.models.whisper.timestamps import split_window, window_offset
@@ -127,17 +129,24 @@ class WindowedText:
     """Text released per window, once the window is done: its segments (timestamps.py)
     when it was decoded with timestamps, else the window as one segment; each segment's
     text stripped, non-empty ones joined by one space. A later attempt of the same window
-    (the temperature fallback) replaces the earlier one's tokens."""
+    (the temperature fallback) replaces the earlier one's tokens. With word timestamps the
+    window's token times arrive with the item after it (`WindowInfo.aligned`), and its
+    words are cut from the tokens its segments keep."""
 
-    def __init__(self, tokenizer, timestamp_begin: int, timestamps: bool):
+    def __init__(self, tokenizer, timestamp_begin: int, timestamps: bool, duration: float):
         self.tokenizer = tokenizer
         self.timestamp_begin = timestamp_begin
         self.timestamps = timestamps
+        self.duration = duration            # a window's span ends at the audio's end
         self.window: WindowInfo | None = None
         self.tokens: list[int] = []         # the current window's (its latest attempt's)
+        self.times: dict[tuple[int, int], tuple[float, ...]] = {}    # (window, attempt) -> token times
         self.any_text = False
         self.done: list[TranscriptSegment] = []
-        self.duration = 0.0                 # set by the processor: a window's span ends at the audio's end
+        self.words: list[TranscriptWord] = []
+
+    def take_times(self, aligned: WindowTimes) -> None:
+        self.times[(aligned.index, aligned.attempt)] = aligned.times
 
     def add(self, info: WindowInfo, token: int) -> str:
         out = ""
@@ -160,14 +169,20 @@ class WindowedText:
         if info is None:
             return ""
         self.window, self.tokens = None, []
-        pieces = []
+        relative = self.times.pop((info.index, info.attempt), None)
+        times = None if relative is None else [window_offset(info.seek) + t for t in relative]
+        pieces, kept = [], 0
         for start, end, segment_tokens in self._spans(info, tokens):
             text = self.tokenizer.decode([t for t in segment_tokens if t < self.timestamp_begin],
                                          skip_special_tokens=True).strip()
+            segment_times = None if times is None else times[kept : kept + len(segment_tokens)]
             self.done.append(TranscriptSegment(info.index, start, end, text, list(segment_tokens), info.seek,
-                                               info.temperature))
+                                               info.temperature, segment_times))
+            kept += len(segment_tokens)
             if text:
                 pieces.append(text)
+        if times is not None:
+            self.words += words_of(self.tokenizer, tokens[:kept], times, self.timestamp_begin)
         if not pieces:
             return ""
         out = (" " if self.any_text else "") + " ".join(pieces)
@@ -182,6 +197,42 @@ class WindowedText:
         return [(window_offset(info.seek), end, tokens)]
 
 
+#: punctuation that joins the word after it, or the word before it (openai-whisper's)
+PREPENDED = "\"'“¿([{-"
+APPENDED = "\"'.。,，!！?？:：”)]}、"
+
+
+def words_of(tokenizer, tokens: list[int], times: list[float], text_end: int) -> list[TranscriptWord]:
+    """Words of a window's text tokens (below `text_end`) and their times: a token whose
+    text starts with a space (or is punctuation) starts a word; punctuation then joins its
+    neighbour (openai-whisper's merge). A word starts at its first token's time and ends
+    at the time of the token after its last (its own, for the window's last token)."""
+    groups: list[list[int]] = []     # token indices of each word
+    for i, token in enumerate(tokens):
+        if token >= text_end or token in getattr(tokenizer, "all_special_ids", ()):
+            continue
+        piece = tokenizer.decode([token])
+        if not groups or piece.startswith(" ") or piece.strip() in string.punctuation:
+            groups.append([i])
+        else:
+            groups[-1].append(i)
+    texts = [tokenizer.decode([tokens[i] for i in group]).strip() for group in groups]
+    merged: list[tuple[str, list[int]]] = []
+    pending: tuple[str, list[int]] | None = None      # prepended punctuation waiting for its word
+    for text, group in zip(texts, groups):
+        if pending is not None:
+            text, group = pending[0] + text, pending[1] + group
+            pending = None
+        if text in PREPENDED and text:
+            pending = (text, group)
+        elif merged and text and text in APPENDED:
+            merged[-1] = (merged[-1][0] + text, merged[-1][1] + group)
+        elif text:
+            merged.append((text, group))
+    last = len(times) - 1
+    return [TranscriptWord(text, times[group[0]], times[min(group[-1] + 1, last)]) for text, group in merged]
+
+
 class TranscriptionOutputProcessor:
     """Runtime outputs of one transcription -> TranscriptionChunks (on the engine's loop thread)."""
 
@@ -189,13 +240,12 @@ class TranscriptionOutputProcessor:
 
     def __init__(self, request_id: str, generation: WhisperGenerationConfig, tokenizer, stop_ids: frozenset[int],
                  language: str | None, duration: float, num_windows: int | None, timestamps: bool,
-                 fallback: bool = False):
+                 fallback: bool = False, word_timestamps: bool = False):
         self.request_id = request_id
         self.generation = generation
         begin = generation.timestamp_begin
-        if timestamps or fallback:   # a window's text is known when the window is done
-            self.text = WindowedText(tokenizer, begin, timestamps)
-            self.text.duration = duration
+        if timestamps or fallback or word_timestamps:   # a window's text is known when the window is done
+            self.text = WindowedText(tokenizer, begin, timestamps, duration)
         else:
             self.text = TranscriptText(tokenizer, begin)
         self.stop_ids = stop_ids
@@ -203,6 +253,7 @@ class TranscriptionOutputProcessor:
         self.duration = duration
         self.num_windows = num_windows or 1    # None: counted as they come (timestamps)
         self.counts_windows = num_windows is None
+        self.word_timestamps = word_timestamps
         self.num_ids = 0
 
     def process(self, out: RequestOutput) -> TranscriptionChunk:
@@ -216,6 +267,8 @@ class TranscriptionOutputProcessor:
                 self.num_windows = max(self.num_windows, info.index + 1)
             is_stop_item = out.finished and out.finish_reason == FinishReason.STOP and position == len(ids) - 1 \
                 and token in self.stop_ids
+            if info.aligned is not None:   # word timestamps: the token times of a window that ended
+                self.text.take_times(info.aligned)
             if not is_stop_item:   # counted and returned as an id, never rendered
                 pieces.append(self.text.add(info, token))
         self.num_ids += len(ids)
@@ -228,6 +281,7 @@ class TranscriptionOutputProcessor:
             chunk.error = out.error
             chunk.usage = TranscriptionUsage(self.num_ids, self.duration, self.num_windows)
             chunk.segments = self.text.segments(self.duration)
+            chunk.words = getattr(self.text, "words", None) if self.word_timestamps else None
             chunk.language_name = language_name(self.language)
         return chunk
 
@@ -272,7 +326,9 @@ class WhisperTranscriptionFrontend(TranscriptionFrontend):
         max_positions = self.config.max_target_positions
         previous = self.previous_text_ids(request.prompt, max_positions // 2 - 1)
         prompt = generation.forced_prompt(request.language, request.task, previous, timestamps=request.timestamps)
-        inputs = TranscriptionInputs(self.features(samples), prompt, request.temperatures)
+        if request.word_timestamps:
+            self._check_alignment_heads()
+        inputs = TranscriptionInputs(self.features(samples), prompt, request.temperatures, request.word_timestamps)
         budget = self._budget(request, inputs, max_positions)
         seed = request.seed if request.seed is not None else draw_seed()
         stop = StopConfig(eos_ids=self.eos_token_ids)
@@ -285,8 +341,19 @@ class WhisperTranscriptionFrontend(TranscriptionFrontend):
         num_windows = None if prompt.timestamps else len(inputs.audio.consecutive_seeks)
         processor = TranscriptionOutputProcessor(request_id, generation, self.tokenizer, stop.stopping_ids(), language,
                                                  duration, num_windows, prompt.timestamps,
-                                                 fallback=len(inputs.temperatures) > 1)
+                                                 fallback=len(inputs.temperatures) > 1,
+                                                 word_timestamps=request.word_timestamps)
         return Prepared(runtime_request, processor, None)
+
+    def _check_alignment_heads(self) -> None:
+        heads = self.generation.alignment_heads
+        if not heads:
+            raise ValueError("timestamp_granularities: word needs the checkpoint's alignment_heads "
+                             "(generation_config.json); this model has none")
+        layers, num_heads = self.config.decoder_layers, self.config.decoder_attention_heads
+        if any(not (0 <= layer < layers and 0 <= head < num_heads) for layer, head in heads):
+            raise ValueError(f"timestamp_granularities: word: alignment_heads {list(heads)} name heads this "
+                             f"model lacks ({layers} decoder layers of {num_heads} heads)")
 
     @staticmethod
     def _budget(request: TranscriptionRequest, inputs: TranscriptionInputs, max_positions: int) -> int:

@@ -80,6 +80,7 @@ def generation_config(tokenizer: Tokenizer) -> dict:
     specials = [ids[t] for t in ("<|startoftranscript|>", "<|translate|>", "<|transcribe|>", "<|startoflm|>",
                                  "<|startofprev|>", "<|nospeech|>")]
     return {
+        "alignment_heads": [[1, 0], [1, 1], [1, 2], [1, 3]],   # tiny-whisper's last decoder layer
         "begin_suppress_tokens": [tokenizer.encode(" ").ids[0], eot],
         "bos_token_id": eot,
         "decoder_start_token_id": ids["<|startoftranscript|>"],
