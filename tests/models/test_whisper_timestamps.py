@@ -13,6 +13,7 @@ import torch
 
 from omniwalk import Engine, EngineArgs
 from omniwalk.capabilities.transcription import TranscriptionRequest, transcribe
+from omniwalk.models.whisper.alignment import dynamic_time_warping
 from omniwalk.models.whisper.fallback import compression_ratio, window_fails
 from omniwalk.models.whisper.timestamps import TimedSegment, split_window
 
@@ -194,3 +195,14 @@ def test_token_times_equal_hf_return_token_timestamps(engine, checkpoint, granul
     assert result.words and all(w.start <= w.end for w in result.words)
     assert [w.start for w in result.words] == sorted(w.start for w in result.words)
     assert "".join(w.word for w in result.words) == "".join(result.text.split())   # the words are the text
+
+
+def test_dynamic_time_warping_is_transformers():
+    """The diagonal-at-a-time DTW takes transformers' path, ties included."""
+    from transformers.models.whisper.generation_whisper import _dynamic_time_warping
+
+    rng = np.random.default_rng(0)
+    for matrix in (rng.standard_normal((12, 90)), rng.integers(0, 3, (30, 40)).astype(np.float64),
+                   rng.standard_normal((1, 7)), rng.standard_normal((7, 1))):
+        ours, theirs = dynamic_time_warping(matrix), _dynamic_time_warping(matrix)
+        assert all(np.array_equal(a, b) for a, b in zip(ours, theirs))

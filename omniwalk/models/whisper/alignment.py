@@ -99,22 +99,30 @@ def median_filter(x: torch.Tensor, width: int) -> torch.Tensor:
 
 def dynamic_time_warping(cost_matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The monotonic path of least total cost through `cost_matrix` [rows, frames], as
-    (row, frame) index arrays. Ties go to a frame step, then a row step, as transformers'."""
+    (row, frame) index arrays. Ties go to a frame step, then a row step, as transformers'.
+
+    Cell (i, j) needs (i-1, j-1), (i-1, j) and (i, j-1): every cell of one anti-diagonal
+    i + j = d depends on the two before it only, so a diagonal is one vector step:
+
+        d = 2   3   4          cost[i, j] = cost_matrix[i-1, j-1] + min(cost[i-1, j-1],
+          (1,1)(1,2)(1,3)                                               cost[i-1, j], cost[i, j-1])
+               (2,1)(2,2)
+                    (3,1)
+    """
     rows, frames = cost_matrix.shape
     cost = np.full((rows + 1, frames + 1), np.inf, dtype=np.float32)
     trace = -np.ones((rows + 1, frames + 1), dtype=np.float32)
     cost[0, 0] = 0
-    for j in range(1, frames + 1):
-        for i in range(1, rows + 1):
-            c0, c1, c2 = cost[i - 1, j - 1], cost[i - 1, j], cost[i, j - 1]
-            if c0 < c1 and c0 < c2:
-                c, t = c0, 0
-            elif c1 < c0 and c1 < c2:
-                c, t = c1, 1
-            else:
-                c, t = c2, 2
-            cost[i, j] = cost_matrix[i - 1, j - 1] + c
-            trace[i, j] = t
+    for d in range(2, rows + frames + 1):
+        i = np.arange(max(1, d - frames), min(rows, d - 1) + 1)
+        j = d - i
+        c0, c1, c2 = cost[i - 1, j - 1], cost[i - 1, j], cost[i, j - 1]
+        diagonal = (c0 < c1) & (c0 < c2)
+        up = ~diagonal & (c1 < c0) & (c1 < c2)
+        step = np.where(diagonal, 0, np.where(up, 1, 2))
+        best = np.where(diagonal, c0, np.where(up, c1, c2))
+        cost[i, j] = cost_matrix[i - 1, j - 1] + best
+        trace[i, j] = step
     return _backtrace(trace)
 
 
