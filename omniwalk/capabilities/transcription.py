@@ -7,6 +7,15 @@ frontend contract.
     result = transcribe(engine, TranscriptionRequest(samples))   # all of it at once
 
 Audio: bytes of a WAV/FLAC/MP3/OGG file, or float32 mono samples at the model's rate.
+Timestamps: `timestamp_granularities=("segment",)` decodes with Whisper's timestamp tokens:
+`segments` then hold the model's segments (times from its timestamps); without, one
+segment per 30 s window of audio. "word" adds each token's time by cross-attention
+alignment (the checkpoint's `alignment_heads`) and `words` from them.
+Temperature fallback: `temperature=(0.0, 0.2, 0.4, 0.6, 0.8, 1.0)` decodes each window at the
+first; a window whose output fails the model's checks (Whisper: transformers' and
+openai-whisper's compression ratio and average log-probability) is decoded again at the
+next. Every attempt's tokens are in `token_ids` and count toward the budget; the text and
+segments are the accepted attempt's, released when its window ends.
 Counting: `max_output_tokens` (N) is the budget of the transcript stream: exactly N tokens
 unless the EOS stops it first; the stopping EOS counts toward N and is listed in
 `token_ids`, but never becomes text.
@@ -22,6 +31,7 @@ from omniwalk.capabilities import Capability, Frontend
 from omniwalk.engine.sampler import SamplingParams
 
 TASKS = ("transcribe", "translate")
+GRANULARITIES = ("segment", "word")
 
 
 @dataclass(frozen=True)
@@ -33,18 +43,45 @@ class TranscriptionRequest:
     prompt: str | None = None           # previous text to condition the transcript on
     task: str = "transcribe"            # or "translate" (into English)
     max_output_tokens: int | None = None
-    temperature: float = 0.0            # 0: greedy
+    temperature: float | tuple[float, ...] = 0.0   # 0: greedy; a tuple: the fallback schedule (see below)
     seed: int | None = None             # None: drawn by the engine
+    timestamp_granularities: tuple[str, ...] = ()   # ("segment",): decode timestamps
 
     def __post_init__(self):
         if self.task not in TASKS:
             raise ValueError(f"task must be one of {TASKS}, got {self.task!r}")
+        for granularity in self.timestamp_granularities:
+            if granularity not in GRANULARITIES:
+                raise ValueError(f"timestamp_granularities: {granularity!r} is not supported; supported: "
+                                 f"{', '.join(GRANULARITIES)}")
         if self.max_output_tokens is not None and self.max_output_tokens < 1:
             raise ValueError(f"max_output_tokens must be >= 1, got {self.max_output_tokens}")
         self.sampling()   # validates temperature
 
+    @property
+    def temperatures(self) -> tuple[float, ...]:
+        """The temperatures a window may be decoded at, in order (one: no fallback)."""
+        return tuple(self.temperature) if isinstance(self.temperature, tuple) else (self.temperature,)
+
+    @property
+    def timestamps(self) -> bool:
+        """Whether the model decodes timestamp tokens (segments of its own)."""
+        return "segment" in self.timestamp_granularities
+
+    @property
+    def word_timestamps(self) -> bool:
+        """Whether each token gets a time by cross-attention alignment (words from them)."""
+        return "word" in self.timestamp_granularities
+
     def sampling(self, seed: int | None = None) -> SamplingParams:
-        return SamplingParams(temperature=self.temperature, seed=seed)
+        """The first temperature's; with a fallback, each sample's log-probability too (the
+        fallback's check reads them)."""
+        temperatures = self.temperatures
+        if not temperatures:
+            raise ValueError("temperature: an empty tuple")
+        for temperature in temperatures[1:]:   # each one valid as a sampling temperature
+            SamplingParams(temperature=temperature, seed=seed)
+        return SamplingParams(temperature=temperatures[0], seed=seed, logprobs=0 if len(temperatures) > 1 else None)
 
 
 @dataclass
@@ -56,13 +93,26 @@ class TranscriptionUsage:
 
 @dataclass
 class TranscriptSegment:
-    """One window's transcript."""
+    """A span of the transcript: a segment the model closed with timestamps, or a window's
+    whole transcript (no timestamps)."""
 
     window: int
     start: float            # seconds into the audio
     end: float
     text: str               # stripped
-    token_ids: list[int]    # its transcript tokens (no EOS)
+    token_ids: list[int]    # its tokens (no EOS; its timestamp tokens included)
+    seek: int = 0           # the first mel frame of its window (100 a second)
+    temperature: float = 0.0    # its window was decoded at (the temperature fallback's choice)
+    token_times: list[float] | None = None   # word timestamps: each token's time (seconds into the audio)
+
+
+@dataclass
+class TranscriptWord:
+    """A word of the transcript and when it was spoken (word timestamps)."""
+
+    word: str
+    start: float            # seconds into the audio
+    end: float
 
 
 @dataclass
@@ -79,6 +129,7 @@ class TranscriptionChunk:
     segments: list[TranscriptSegment] | None = None       # on the last chunk
     language_name: str | None = None                      # on the last chunk ("english")
     error: str | None = None
+    words: list[TranscriptWord] | None = None             # on the last chunk, with word timestamps
 
 
 @dataclass
@@ -93,6 +144,7 @@ class TranscriptionResult:
     finish_reason: str
     usage: TranscriptionUsage
     error: str | None = None
+    words: list[TranscriptWord] | None = None
 
 
 class TranscriptionFrontend(Frontend):
@@ -112,7 +164,7 @@ def result_of(request_id: str, chunks: list[TranscriptionChunk]) -> Transcriptio
     last = chunks[-1]
     return TranscriptionResult(request_id, "".join(c.text for c in chunks), [t for c in chunks for t in c.token_ids],
                                last.language, last.language_name, last.usage.audio_seconds, last.segments or [],
-                               last.finish_reason, last.usage, last.error)
+                               last.finish_reason, last.usage, last.error, last.words)
 
 
 def transcribe(engine, request: TranscriptionRequest) -> TranscriptionResult:

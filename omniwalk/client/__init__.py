@@ -19,6 +19,7 @@
     # a Whisper model (omniwalk serve tiny-whisper): POST /v1/audio/transcriptions
     client.transcribe("talk.flac", language="en")["text"]            # json: {"text", "usage"}
     client.transcribe(wav_bytes, response_format="srt")               # text, srt, vtt: a str
+    client.translate("rede.flac")["text"]                             # /v1/audio/translations: into English
 
 `prompt` is text or a list of token ids; every other field of the route goes in `**fields`.
 A server started with `--api-key` wants `api_key=` (default: $OMNIWALK_API_KEY), sent as
@@ -88,14 +89,15 @@ def _speech_body(input: str, voice: str, response_format: str, stream: bool, fie
 
 
 def _transcription_form(file: bytes | str | os.PathLike, fields: dict) -> dict:
-    """httpx `files` and `data` of a POST /v1/audio/transcriptions: the audio (bytes, or a path
-    to read) and the other fields as form values (lists as `name[]`, booleans true/false)."""
+    """httpx `files` and `data` of a POST /v1/audio/transcriptions or /translations: the audio
+    (bytes, or a path to read) and the other fields as form values (lists as `name[]`,
+    booleans true/false)."""
     if isinstance(file, (bytes, bytearray, memoryview)):
         upload = ("audio", bytes(file))
     else:
         upload = (Path(file).name, Path(file).read_bytes())
     data: dict[str, Any] = {}
-    for name, value in {**fields, "stream": False}.items():
+    for name, value in fields.items():
         if isinstance(value, (list, tuple)):
             data[f"{name}[]"] = [str(v) for v in value]
         elif isinstance(value, bool):
@@ -183,7 +185,12 @@ class Client:
         or a path); `fields` the route's other fields (model, language, prompt, response_format,
         temperature, max_output_tokens, seed). json and verbose_json give a dict, text, srt and
         vtt a str."""
-        return _transcription_answer(self._http.post("/v1/audio/transcriptions", **_transcription_form(file, fields)))
+        form = _transcription_form(file, {**fields, "stream": False})
+        return _transcription_answer(self._http.post("/v1/audio/transcriptions", **form))
+
+    def translate(self, file: bytes | str | os.PathLike, **fields) -> dict | str:
+        """POST /v1/audio/translations: as `transcribe`, the text in English (no language field)."""
+        return _transcription_answer(self._http.post("/v1/audio/translations", **_transcription_form(file, fields)))
 
     def models(self) -> list[str]:
         response = self._http.get("/v1/models")
@@ -257,8 +264,13 @@ class AsyncClient:
 
     async def transcribe(self, file: bytes | str | os.PathLike, **fields) -> dict | str:
         """POST /v1/audio/transcriptions (see Client.transcribe)."""
-        form = _transcription_form(file, fields)
+        form = _transcription_form(file, {**fields, "stream": False})
         return _transcription_answer(await self._http.post("/v1/audio/transcriptions", **form))
+
+    async def translate(self, file: bytes | str | os.PathLike, **fields) -> dict | str:
+        """POST /v1/audio/translations (see Client.translate)."""
+        form = _transcription_form(file, fields)
+        return _transcription_answer(await self._http.post("/v1/audio/translations", **form))
 
     async def models(self) -> list[str]:
         response = await self._http.get("/v1/models")

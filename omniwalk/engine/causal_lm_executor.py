@@ -535,12 +535,18 @@ class CausalLMExecutor(NodeExecutor):
             self.sampling_graphs = SamplingGraphs(graphs)
         return self.sampling_graphs
 
+    def _sampling_params(self, call: NodeCall):
+        """Hook: the sampling parameters of a call's row (the stream's; Whisper's temperature
+        fallback decodes a window again at another temperature). A subclass that changes them
+        for a stream drops `_batch_rows`, which holds them while the batch keeps its rows."""
+        return call.stream.params.sampling
+
     def _rows_of(self, calls: list[NodeCall]) -> "_BatchRows":
         rows = self._batch_rows
         if rows is not None and rows.calls is calls:   # asked again within one step
             return rows
         if rows is None or not rows.matches(calls):
-            params = [call.stream.params.sampling for call in calls]
+            params = [self._sampling_params(call) for call in calls]
             rows = self._batch_rows = _BatchRows(calls, [self.sequences[call.stream.handle] for call in calls],
                                                  self.sampler.rows_for(params, self.device))
         rows.calls = calls

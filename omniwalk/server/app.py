@@ -15,7 +15,7 @@ Routes:
                                  a model without the speech capability answers 400)
     POST /v1/audio/transcriptions  OpenAI speech recognition: multipart upload -> json, text, verbose_json,
                                  srt, vtt or SSE (transcription.py; a model without the
-                                 transcription capability answers 400)
+                                 transcription capability answers 400); /v1/audio/translations too
 
 Routes follow the served model's capabilities (`engine.capabilities`), never its family.
     GET  /health                 200 while the engine loop lives and moves, else 503 (a dead engine

@@ -9,7 +9,6 @@ import io
 import json
 import shutil
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,21 +21,11 @@ from omniwalk.capabilities.transcription import TranscriptionRequest, transcribe
 
 transformers = pytest.importorskip("transformers")
 
-ASSETS = Path(__file__).parents[2] / "omniwalk" / "models" / "whisper" / "assets" / "tiny-whisper"
-SR = 16000
-WINDOW = 30 * SR
+from whisper_checkpoints import (  # noqa: E402  (tests/models is on sys.path)
+    SR, clip, features, hf_generation_config, save_tiny_whisper, window_of,
+)
+
 MAX_TARGET = 128         # decoder positions of the test checkpoint: short runaway windows
-
-
-def clip(kind: str, seconds: float, seed: int = 0) -> np.ndarray:
-    t = np.arange(int(SR * seconds)) / SR
-    if kind == "sine":
-        x = 0.5 * np.sin(2 * np.pi * (220 + 40 * seed) * t) * (1 + 0.5 * np.sin(2 * np.pi * 3 * t))
-    elif kind == "chirp":
-        x = 0.4 * np.sin(2 * np.pi * (200 + 400 * t / seconds + 30 * seed) * t)
-    else:
-        x = 0.1 * np.random.default_rng(seed).standard_normal(t.size)
-    return x.astype(np.float32)
 
 
 CLIPS = {"sine-3s": clip("sine", 3), "chirp-11s": clip("chirp", 11), "noise-29s": clip("noise", 29)}
@@ -46,18 +35,22 @@ CLIPS = {"sine-3s": clip("sine", 3), "chirp-11s": clip("chirp", 11), "noise-29s"
 
 
 @pytest.mark.parametrize("bins", [80, 128])
-def test_log_mel_matches_whisper_feature_extractor(bins):
+def test_log_mel_matches_whisper_feature_extractor(bins, monkeypatch):
     reference = transformers.WhisperFeatureExtractor(feature_size=bins)
     ours = LogMelFeatures(FeatureConfig(num_mel_bins=bins))
-    audio = np.concatenate([clip("chirp", 31), clip("noise", 20, seed=1)])     # 51 s: two windows
-    features = ours(audio)
-    assert features.shape == (2, bins, 3000)
-    for w in range(2):   # each window is featurized as a clip of its own
-        expected = reference(audio[w * WINDOW:(w + 1) * WINDOW], sampling_rate=SR, return_tensors="np")
-        assert np.abs(features[w].numpy() - expected.input_features[0]).max() < 1e-4
-    for signal in CLIPS.values():
-        expected = reference(signal, sampling_rate=SR, return_tensors="np").input_features
-        assert np.abs(ours(signal).numpy() - expected).max() < 1e-4
+    monkeypatch.setattr(LogMelFeatures, "BLOCK_WINDOWS", 1)     # STFT blocks of one window: seams inside
+    audio = np.concatenate([clip("chirp", 31), clip("noise", 20, seed=1)])     # 51 s: long-form
+    frames = ours(audio)
+    expected = reference(audio, sampling_rate=SR, return_tensors="np", truncation=False,
+                         padding="longest").input_features[0]           # what long-form generate takes
+    assert frames.frames.shape == expected.shape == (bins, 5100)
+    assert np.abs(frames.frames.numpy() - expected).max() < 1e-4
+    assert frames.consecutive_seeks == (0, 3000) and frames.window_length(3000) == 2100
+    tail = frames.window(3000).numpy()   # the frames from 3000 on, zero-padded as generate pads a window
+    assert np.array_equal(tail[:, :2100], frames.frames[:, 3000:].numpy()) and not tail[:, 2100:].any()
+    for signal in CLIPS.values():   # up to 30 s: padded to one window (short-form)
+        expected = reference(signal, sampling_rate=SR, return_tensors="np").input_features[0]
+        assert np.abs(ours(signal).frames.numpy() - expected).max() < 1e-4
 
 
 def test_audio_files_decode_to_16khz_mono():
@@ -85,34 +78,12 @@ def test_audio_files_decode_to_16khz_mono():
 # ---------------------------------------------------------------- an HF checkpoint
 
 
-def hf_generation_config():
-    return transformers.GenerationConfig.from_pretrained(ASSETS)
-
-
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     """A tiny random WhisperForConditionalGeneration, weights x10 so greedy ids depend on the audio."""
-    tokenizer = transformers.AutoTokenizer.from_pretrained(ASSETS)
-    generation = hf_generation_config()
-    config = transformers.WhisperConfig(
-        vocab_size=len(tokenizer), num_mel_bins=80, d_model=64, encoder_layers=2, encoder_attention_heads=4,
-        decoder_layers=2, decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
-        max_source_positions=1500, max_target_positions=MAX_TARGET,
-        decoder_start_token_id=generation.decoder_start_token_id, pad_token_id=generation.pad_token_id,
-        bos_token_id=generation.bos_token_id, eos_token_id=generation.eos_token_id,
-    )
-    torch.manual_seed(0)
-    model = transformers.WhisperForConditionalGeneration(config).eval()
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.dim() > 1:
-                param.mul_(10.0)
-    model.generation_config = generation
     folder = tmp_path_factory.mktemp("tiny-whisper-hf")
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    transformers.WhisperFeatureExtractor(feature_size=80).save_pretrained(folder)
-    return folder, model, tokenizer
+    model = save_tiny_whisper(folder, MAX_TARGET)
+    return folder, model, transformers.AutoTokenizer.from_pretrained(folder)
 
 
 @pytest.fixture(scope="module")
@@ -124,12 +95,16 @@ def engine(checkpoint):
 
 
 def hf_generate(model, audio, eos=None, max_new_tokens=24, **kwargs) -> list[int]:
-    """HF's greedy ids after the decoder prompt (a final EOS included)."""
-    features = transformers.WhisperFeatureExtractor(feature_size=80)(audio, sampling_rate=SR, return_tensors="pt")
-    options = dict(task="transcribe", max_new_tokens=max_new_tokens, do_sample=False, return_dict_in_generate=True)
+    """HF's greedy ids after the decoder prompt (a final EOS included), of one window: a
+    random model samples ids past <|notimestamps|> even without timestamps, which HF's
+    long-form loop would take for timestamps (force_unique_generate_call: no loop)."""
+    if not torch.is_tensor(audio):
+        audio = features(audio)
+    options = dict(task="transcribe", max_new_tokens=max_new_tokens, do_sample=False, return_dict_in_generate=True,
+                   force_unique_generate_call=True)
     if eos is not None:
         options["eos_token_id"] = eos
-    sequence = model.generate(features.input_features, **options, **kwargs).sequences[0].tolist()
+    sequence = model.generate(audio, **options, **kwargs).sequences[0].tolist()
     start = len(kwargs.get("prompt_ids", ())) + 4      # [prompt] sot language task notimestamps
     assert sequence[start - 1] == hf_generation_config().no_timestamps_token_id
     return sequence[start:]
@@ -157,7 +132,7 @@ def test_language_detection_and_prompt_equal_hf_generate(engine, checkpoint):
     detected = transcribe(engine, greedy(audio, 16))
     full = model.generate(transformers.WhisperFeatureExtractor(feature_size=80)(
         audio, sampling_rate=SR, return_tensors="pt").input_features, task="transcribe", max_new_tokens=16,
-        return_dict_in_generate=True).sequences[0].tolist()
+        return_dict_in_generate=True, force_unique_generate_call=True).sequences[0].tolist()
     assert detected.token_ids == full[4:]
     language = next(k.strip("<|>") for k, v in hf_generation_config().lang_to_id.items() if v == full[1])
     assert detected.language == language
@@ -224,10 +199,10 @@ def test_long_audio_windows_in_order_joined_by_a_space(eos_engine, checkpoint):
     _, model, tokenizer = checkpoint
     eos = free[index]
     audio = np.concatenate([clip("noise", 30, seed=3), clip("chirp", 30, seed=1), clip("sine", 5, seed=2)])
+    frames = features(audio)
     windows = []
     for w in range(3):   # HF on each window alone; a window without EOS runs to the context limit
-        ids = hf_generate(model, audio[w * WINDOW:(w + 1) * WINDOW], eos=eos, language="en",
-                          max_new_tokens=MAX_TARGET - 4)
+        ids = hf_generate(model, window_of(frames, 3000 * w), eos=eos, language="en", max_new_tokens=MAX_TARGET - 4)
         windows.append(ids[:-1] if ids and ids[-1] == eos else ids)
     expected = [t for ids in windows for t in ids] + [eos]   # the last window's EOS: natural or forced
     result = transcribe(engine, TranscriptionRequest(audio, language="en"))
@@ -354,7 +329,7 @@ def test_english_only_checkpoint_equals_hf_generate(checkpoint, tmp_path):
     audio = CLIPS["chirp-11s"]
     features = transformers.WhisperFeatureExtractor(feature_size=80)(audio, sampling_rate=SR, return_tensors="pt")
     expected = model.generate(features.input_features, generation_config=english, max_new_tokens=12,
-                              return_dict_in_generate=True).sequences[0].tolist()
+                              return_dict_in_generate=True, force_unique_generate_call=True).sequences[0].tolist()
     assert expected[:2] == [english.decoder_start_token_id, english.no_timestamps_token_id]
     with Engine(EngineArgs(str(copy), max_num_seqs=2)) as engine:
         result = transcribe(engine, greedy(audio, 12))
@@ -370,13 +345,14 @@ def test_english_only_checkpoint_equals_hf_generate(checkpoint, tmp_path):
 def test_decode_graph_path_equals_eager_path(monkeypatch):
     """The decoder's decode-graph path (eager on a CPU, the same buffers and cross-attention
     slots a captured graph reads) gives the eager path's ids, with language detection,
-    windows of long audio and 8 streams at once."""
+    windows of long audio, timestamp rules (half the streams) and 8 streams at once."""
     from omniwalk.engine.cuda_graphs import DecodeGraphs
     from omniwalk.loading import load_model
     from omniwalk.models.whisper.executors import DecoderStep
 
     requests = [greedy(clip(["sine", "chirp", "noise"][i % 3], 3 + 5 * i, seed=i), 30,
-                       language=None if i % 3 == 0 else "en") for i in range(8)]
+                       language=None if i % 3 == 0 else "en", timestamp_granularities=("segment",) * (i % 2))
+                for i in range(8)]
     replays = []
     run = DecodeGraphs.run
     monkeypatch.setattr(DecodeGraphs, "run", lambda self, **kw: replays.append(len(kw["positions"])) or run(self, **kw))
@@ -448,3 +424,23 @@ def test_startup_warmup_transcribes_noise_and_changes_no_output(checkpoint, reco
             assert not engine.runtime.running and cache.allocator.num_free == cache.allocator.num_pages
             ids[warmup] = transcribe(engine, greedy(CLIPS["sine-3s"], 12)).token_ids
     assert ids[True] == ids[False] and len(ids[True]) > 0
+
+
+SHAPES = {   # the Whisper sizes' shape families, tiny: what differs between them
+    "turbo": dict(encoder_layers=3, decoder_layers=1, num_mel_bins=128),   # large-v3-turbo: 32/4 layers, 128 mels
+    "small": dict(encoder_layers=1, decoder_layers=3, num_mel_bins=80),    # tiny..medium: 80 mels
+}
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_shape_families_equal_hf_generate(tmp_path, name):
+    """Decoder layers != encoder layers, 80 or 128 mel bins: greedy ids equal transformers'
+    (on its features of the same mel bins); the language detected as it detects it."""
+    shape = SHAPES[name]
+    model = save_tiny_whisper(tmp_path, 48, **shape)
+    audio = clip("chirp", 7, seed=4)
+    frames = features(audio, shape["num_mel_bins"])
+    expected = hf_generate(model, frames, max_new_tokens=12)     # the language detected
+    with Engine(EngineArgs(str(tmp_path), dtype="float32", device="cpu", max_num_seqs=2)) as engine:
+        assert engine.model.config.decoder_layers == shape["decoder_layers"]
+        assert transcribe(engine, greedy(audio, 12)).token_ids == expected

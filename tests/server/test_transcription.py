@@ -1,10 +1,13 @@
 """Speech recognition over loopback HTTP on tiny-whisper: POST /v1/audio/transcriptions with
-the official openai client (json, text, verbose_json, SSE), srt and vtt, WAV/FLAC/MP3
-uploads, the SDK, the budget (exactly N tokens), 8 concurrent requests, bad input,
-disconnects, and the 400 of a model that does not transcribe.
+the official openai client (json, text, verbose_json with timestamp segments, SSE), srt and
+vtt cues per segment, /v1/audio/translations, WAV/FLAC/MP3 uploads, the SDK, the budget
+(exactly N tokens), 8 concurrent requests, bad input, disconnects, and the 400 of a model
+that does not transcribe.
 
-tiny-whisper has random weights: it never says EOS on these clips, so a window runs to its
-decoder context (444 tokens) and N below that gives exactly N tokens."""
+tiny-whisper has random weights: without timestamps it never says EOS on these clips, so a
+window runs to its decoder context (444 tokens) and N below that gives exactly N tokens.
+Its greedy transcript without timestamps is one special token repeated (no text): where a
+test needs text it samples (SAMPLED: temperature 1, seeded)."""
 
 from __future__ import annotations
 
@@ -24,9 +27,13 @@ from running import TEST_LIMITS, RunningServer
 
 from omniwalk.client import AsyncClient, Client, ServerError
 from omniwalk.capabilities.transcription import TranscriptionRequest, TranscriptSegment, transcribe
-from omniwalk.server.transcription import srt, vtt
+from omniwalk.server.transcription import TranscriptionForm, _timestamp, srt, vtt
+
+LANGUAGES = pytest.importorskip("transformers.models.whisper.tokenization_whisper").LANGUAGES
 
 ROUTE = "/v1/audio/transcriptions"
+TRANSLATE = "/v1/audio/translations"
+TIMESTAMP_BEGIN = 512      # <|0.00|> of tiny-whisper's vocabulary
 SR = 16000
 
 
@@ -45,6 +52,8 @@ def encode(samples: np.ndarray, fmt: str = "WAV", rate: int = SR) -> bytes:
 WAV = encode(clip(5))
 LONG = encode(clip(31, seed=1))       # two windows: 30 s and 1 s
 LONG_N = 460                          # window 0's 444 tokens, then 16 of window 1
+SAMPLED = {"temperature": 1.0, "seed": 7}
+SEGMENTS = ("segment",)
 
 
 def sse_events(text: str) -> list:
@@ -69,7 +78,7 @@ def oai(whisper):
 
 @pytest.fixture(scope="module")
 def long_reference(whisper):
-    return transcribe(whisper.engine, TranscriptionRequest(LONG, max_output_tokens=LONG_N))
+    return transcribe(whisper.engine, TranscriptionRequest(LONG, max_output_tokens=LONG_N, **SAMPLED))
 
 
 def post(http: httpx.Client, audio: bytes = WAV, **fields) -> httpx.Response:
@@ -82,36 +91,84 @@ def post(http: httpx.Client, audio: bytes = WAV, **fields) -> httpx.Response:
 
 @pytest.mark.slow
 def test_openai_client_json_text_verbose_equal_in_process(whisper, oai):
-    reference = transcribe(whisper.engine, TranscriptionRequest(WAV, max_output_tokens=24))
+    reference = transcribe(whisper.engine, TranscriptionRequest(WAV, max_output_tokens=24, **SAMPLED))
     assert reference.text and reference.finish_reason == "length"
-    extra = {"max_output_tokens": 24}
-    result = oai.audio.transcriptions.create(model="tiny-whisper", file=("clip.wav", WAV), extra_body=extra)
+    extra = {"max_output_tokens": 24, "seed": SAMPLED["seed"]}
+    options = dict(model="tiny-whisper", file=("clip.wav", WAV), temperature=1.0, extra_body=extra)
+    result = oai.audio.transcriptions.create(**options)
     assert result.text == reference.text
     assert (result.usage.type, result.usage.output_tokens, result.usage.input_tokens) == ("tokens", 24, 1500)
     assert result.usage.finish_reason == "length" and result.usage.seconds == 5.0
-    text = oai.audio.transcriptions.create(model="tiny-whisper", file=("clip.wav", WAV), response_format="text",
-                                           extra_body=extra)
-    assert text == reference.text
-    verbose = oai.audio.transcriptions.create(model="tiny-whisper", file=("clip.wav", WAV),
-                                              response_format="verbose_json", timestamp_granularities=["segment"],
-                                              extra_body=extra)
-    assert (verbose.text, verbose.language, verbose.duration) == (reference.text, reference.language_name, 5.0)
-    assert [(s.id, s.start, s.end, s.text, s.tokens) for s in verbose.segments] == [(0, 0.0, 5.0, reference.text,
-                                                                                   reference.token_ids)]
+    assert oai.audio.transcriptions.create(**options, response_format="text") == reference.text
+    # verbose_json decodes timestamps: the model's segments, the detected language by name
+    timed = transcribe(whisper.engine, TranscriptionRequest(WAV, max_output_tokens=24, timestamp_granularities=SEGMENTS,
+                                                            **SAMPLED))
+    verbose = oai.audio.transcriptions.create(**options, response_format="verbose_json",
+                                              timestamp_granularities=["word", "segment"])
+    assert (verbose.text, verbose.language, verbose.duration) == (timed.text, timed.language_name, 5.0)
+    assert verbose.language in LANGUAGES.values() and verbose.task == "transcribe"
+    assert [(s.id, s.seek, s.start, s.end, s.text, s.tokens) for s in verbose.segments] == [
+        (i, s.seek, s.start, s.end, s.text, s.token_ids) for i, s in enumerate(timed.segments)]
+    assert len(timed.segments) > 1 and timed.segments[0].token_ids[0] >= TIMESTAMP_BEGIN
+    worded = transcribe(whisper.engine, TranscriptionRequest(WAV, max_output_tokens=24, **SAMPLED,
+                                                             timestamp_granularities=("segment", "word")))
+    assert [(w.word, w.start, w.end) for w in verbose.words] == [(w.word, w.start, w.end) for w in worded.words]
+    assert verbose.words and [(s.start, s.end, s.token_ids) for s in worded.segments] == [
+        (s.start, s.end, s.token_ids) for s in timed.segments]      # aligning changes no sample
+    given = oai.audio.transcriptions.create(**options, response_format="verbose_json", language="de")
+    assert given.language == "german"
     # the client's defaults: no budget, the whole window's context
     full = oai.audio.transcriptions.create(model="tiny-whisper", file=("clip.wav", WAV), language="en")
     assert full.text == transcribe(whisper.engine, TranscriptionRequest(WAV, language="en")).text
 
 
+@pytest.mark.filterwarnings("ignore:deprecated:DeprecationWarning")   # the openai client marks translations so
+def test_openai_client_translations(whisper, oai, http):
+    """/v1/audio/translations: task translate, the transcription fields but language and stream."""
+    reference = transcribe(whisper.engine, TranscriptionRequest(WAV, task="translate", max_output_tokens=24,
+                                                                **SAMPLED))
+    options = dict(model="tiny-whisper", file=("clip.wav", WAV), temperature=1.0,
+                   extra_body={"max_output_tokens": 24, "seed": SAMPLED["seed"]})
+    assert oai.audio.translations.create(**options).text == reference.text
+    raw = http.post(TRANSLATE, files={"file": ("clip", WAV)}, data={"max_output_tokens": "2"})
+    assert raw.status_code == 200 and raw.headers["x-request-id"].startswith("trsl-")
+    verbose = oai.audio.translations.create(**options, response_format="verbose_json")
+    timed = transcribe(whisper.engine, TranscriptionRequest(WAV, task="translate", max_output_tokens=24,
+                                                            timestamp_granularities=SEGMENTS, **SAMPLED))
+    assert (verbose.text, verbose.language, verbose.task) == (timed.text, "english", "translate")
+    assert [s.tokens for s in verbose.segments] == [s.token_ids for s in timed.segments]
+    with Client(whisper.url) as client:
+        assert client.translate(WAV, response_format="text", max_output_tokens=24, **SAMPLED) == reference.text
+    answer = http.post(TRANSLATE, files={"file": ("clip", WAV)}, data={"language": "de"})
+    assert (answer.status_code, answer.json()["error"]["param"]) == (400, "language")
+
+
+def test_temperature_fallback_extension(whisper, http):
+    """temperature_fallback=true: openai-whisper's schedule from `temperature` (the engine's
+    fallback itself: tests/models/test_whisper_timestamps.py)."""
+    schedule = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+    assert TranscriptionForm(b"", temperature_fallback=True).temperatures == schedule
+    assert TranscriptionForm(b"", temperature=0.5, temperature_fallback=True).temperatures == (0.5, 0.7, 0.9)
+    assert TranscriptionForm(b"", temperature=0.5).temperatures == 0.5
+    answer = post(http, max_output_tokens=40, response_format="verbose_json", temperature_fallback=True, seed=5)
+    reference = transcribe(whisper.engine, TranscriptionRequest(WAV, max_output_tokens=40, temperature=schedule,
+                                                                seed=5, timestamp_granularities=SEGMENTS))
+    body = answer.json()
+    assert body["text"] == reference.text and body["usage"]["output_tokens"] == 40
+    assert [(s["temperature"], s["tokens"]) for s in body["segments"]] == [(s.temperature, s.token_ids)
+                                                                           for s in reference.segments]
+
+
 def test_streamed_deltas_join_to_non_streamed(whisper, oai, http, long_reference):
     events = list(oai.audio.transcriptions.create(model="tiny-whisper", file=("long.wav", LONG), stream=True,
-                                                  extra_body={"max_output_tokens": LONG_N}))
+                                                  temperature=1.0,
+                                                  extra_body={"max_output_tokens": LONG_N, "seed": SAMPLED["seed"]}))
     deltas = [e.delta for e in events if e.type == "transcript.text.delta"]
     done = events[-1]
     assert done.type == "transcript.text.done" and len(deltas) > 1
     assert "".join(deltas) == done.text == long_reference.text
     assert done.usage.output_tokens == LONG_N and done.usage.finish_reason == "length"
-    assert post(http, LONG, max_output_tokens=LONG_N).json()["text"] == long_reference.text
+    assert post(http, LONG, max_output_tokens=LONG_N, **SAMPLED).json()["text"] == long_reference.text
     raw = post(http, LONG, max_output_tokens=5, stream=True, response_format="text")
     assert raw.headers["content-type"].startswith("text/event-stream") and sse_events(raw.text)[-1] == "[DONE]"
 
@@ -123,24 +180,26 @@ SRT_CUE = re.compile(r"(\d+)\n(\d\d:\d\d:\d\d,\d\d\d) --> (\d\d:\d\d:\d\d,\d\d\d
 VTT_CUE = re.compile(r"(\d\d:\d\d:\d\d\.\d\d\d) --> (\d\d:\d\d:\d\d\.\d\d\d)\n((?:[^\n]+\n)+)")
 
 
-@pytest.mark.slow
-def test_srt_and_vtt_are_well_formed(http, long_reference):
-    segments = long_reference.segments
-    assert [(s.window, s.start, s.end) for s in segments] == [(0, 0.0, 30.0), (1, 30.0, 31.0)]
-    answer = post(http, LONG, max_output_tokens=LONG_N, response_format="srt")
+def test_srt_and_vtt_cues_are_the_segments(whisper, http):
+    """srt and vtt decode timestamps: a cue per segment of the model's, at its times."""
+    reference = transcribe(whisper.engine, TranscriptionRequest(WAV, max_output_tokens=60,
+                                                                timestamp_granularities=SEGMENTS))
+    segments = [s for s in reference.segments if s.text]
+    assert len(segments) > 2
+    answer = post(http, max_output_tokens=60, response_format="srt")
     assert answer.status_code == 200 and answer.headers["x-finish-reason"] == "length"
     blocks = answer.text.split("\n\n")
-    assert blocks[-1] == "" and len(blocks) == 3
+    assert blocks[-1] == "" and len(blocks) == len(segments) + 1
     cues = [SRT_CUE.fullmatch(block + "\n") for block in blocks[:-1]]
     assert all(cues), answer.text
-    assert [c.group(1, 2, 3) for c in cues] == [("1", "00:00:00,000", "00:00:30,000"),
-                                                ("2", "00:00:30,000", "00:00:31,000")]
-    answer = post(http, LONG, max_output_tokens=LONG_N, response_format="vtt")
+    assert [c.group(1, 2, 3) for c in cues] == [(str(n), _timestamp(s.start, ","), _timestamp(s.end, ","))
+                                                for n, s in enumerate(segments, start=1)]
+    answer = post(http, max_output_tokens=60, response_format="vtt")
     assert answer.headers["content-type"].startswith("text/vtt") and answer.text.startswith("WEBVTT\n\n")
     blocks = answer.text[len("WEBVTT\n\n"):].split("\n\n")
     cues = [VTT_CUE.fullmatch(block + "\n") for block in blocks[:-1]]
-    assert all(cues) and [c.group(1, 2) for c in cues] == [("00:00:00.000", "00:00:30.000"),
-                                                           ("00:00:30.000", "00:00:31.000")]
+    assert all(cues) and [c.group(1, 2) for c in cues] == [(_timestamp(s.start, "."), _timestamp(s.end, "."))
+                                                           for s in segments]
 
 
 def test_cue_text_is_made_safe():
@@ -155,16 +214,18 @@ def test_cue_text_is_made_safe():
 
 def test_wav_flac_and_mp3_uploads(whisper, http, tmp_path):
     samples = clip(4, seed=2)
-    texts = [post(http, encode(samples, fmt), max_output_tokens=12).json()["text"] for fmt in ("WAV", "FLAC")]
-    assert texts[0] == texts[1] == transcribe(whisper.engine, TranscriptionRequest(samples, max_output_tokens=12)).text
+    texts = [post(http, encode(samples, fmt), max_output_tokens=12, **SAMPLED).json()["text"]
+             for fmt in ("WAV", "FLAC")]
+    reference = transcribe(whisper.engine, TranscriptionRequest(samples, max_output_tokens=12, **SAMPLED))
+    assert texts[0] == texts[1] == reference.text and texts[0]
     mp3 = post(http, encode(samples, "MP3"), max_output_tokens=3, response_format="verbose_json")
     assert mp3.status_code == 200 and abs(mp3.json()["duration"] - 4.0) < 0.1
     # the SDK: bytes or a path; json gives a dict, text a str
     path = tmp_path / "clip.flac"
     path.write_bytes(encode(samples, "FLAC"))
     with Client(whisper.url) as client:
-        assert client.transcribe(path, max_output_tokens=12)["text"] == texts[0]
-        assert client.transcribe(encode(samples), response_format="text", max_output_tokens=12) == texts[0]
+        assert client.transcribe(path, max_output_tokens=12, **SAMPLED)["text"] == texts[0]
+        assert client.transcribe(encode(samples), response_format="text", max_output_tokens=12, **SAMPLED) == texts[0]
         with pytest.raises(ServerError) as error:
             client.transcribe(b"", max_output_tokens=12)
         assert error.value.status == 400 and "empty" in error.value.message
@@ -172,8 +233,10 @@ def test_wav_flac_and_mp3_uploads(whisper, http, tmp_path):
     async def sdk():
         async with AsyncClient(whisper.url) as client:
             return await client.transcribe(str(path), response_format="verbose_json", max_output_tokens=12,
-                                           timestamp_granularities=["segment"])
-    assert asyncio.run(sdk())["text"] == texts[0]
+                                           timestamp_granularities=["segment"], **SAMPLED)
+    timed = transcribe(whisper.engine, TranscriptionRequest(samples, max_output_tokens=12,
+                                                            timestamp_granularities=SEGMENTS, **SAMPLED))
+    assert asyncio.run(sdk())["text"] == timed.text
 
 
 # ---------------------------------------------------------------- the budget and batching
@@ -222,6 +285,10 @@ def test_bad_input_is_a_400_and_the_server_keeps_serving(whisper, http):
         ({"file": ("clip", WAV)}, {"max_output_tokens": "445"}, "max_output_tokens", "exceeds"),
         ({"file": ("clip", WAV)}, {"language": "klingon"}, "language", "unsupported language"),
         ({"file": ("clip", WAV)}, {"language": ["en", "de"]}, "language", "2 times"),
+        ({"file": ("clip", WAV)}, {"timestamp_granularities[]": "character", "response_format": "verbose_json"},
+         "timestamp_granularities[]", "not supported"),
+        ({"file": ("clip", WAV)}, {"timestamp_granularities[]": "segment"}, "timestamp_granularities[]",
+         "needs response_format verbose_json"),
         ({}, {"language": "en"}, "file", "multipart/form-data"),
         ({"prompt": (None, "hello")}, {}, "file", "`file` is required"),      # multipart, no file part
     ]
@@ -255,10 +322,11 @@ def test_client_disconnect_aborts(whisper, http):
 
 
 def test_a_text_model_does_not_transcribe(server):
-    answer = httpx.post(server.url + ROUTE, files={"file": ("clip", WAV)}, data={"model": "tiny-qwen3"})
-    assert answer.status_code == 400
-    assert answer.json()["error"] == {"message": "model 'tiny-qwen3' does not transcribe speech",
-                                      "type": "BadRequestError", "param": "model", "code": 400}
+    for route in (ROUTE, TRANSLATE):
+        answer = httpx.post(server.url + route, files={"file": ("clip", WAV)}, data={"model": "tiny-qwen3"})
+        assert answer.status_code == 400
+        assert answer.json()["error"] == {"message": "model 'tiny-qwen3' does not transcribe speech",
+                                          "type": "BadRequestError", "param": "model", "code": 400}
 
 
 @pytest.mark.slow
@@ -293,4 +361,5 @@ def test_asr_bench_over_http(whisper, tmp_path):
                  "--audio-seconds", "2", "--output-len", "4", "--json", str(out)]) == 0
     summary = json.loads(out.read_text())["runs"][0]["summary"]
     assert (summary["num_completed"], summary["output_tokens"]) == (2, 8)
-    assert summary["audio_seconds"] == pytest.approx(4.0) and summary["ttft_ms"]
+    # no TTFT over HTTP: it is the first text delta, and these greedy transcripts have no text
+    assert summary["audio_seconds"] == pytest.approx(4.0)

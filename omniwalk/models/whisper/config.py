@@ -3,8 +3,11 @@
 The generation config decides the decoder prompt every window starts from, as
 transformers' `WhisperGenerationMixin._retrieve_init_tokens` builds it:
 
-    [<|startofprev|> prompt text ...]  <|startoftranscript|> <|lang|> <|task|> <|notimestamps|>
+    [<|startofprev|> prompt text ...]  <|startoftranscript|> <|lang|> <|task|> [<|notimestamps|>]
      `previous` (optional)              `init`: the forced tokens
+
+<|notimestamps|> ends the prompt unless the request decodes timestamps: then the model
+starts each window with a timestamp token (see timestamps.py).
 
 Multilingual checkpoints take the language from the request or detect it (a decoder
 step over <|startoftranscript|>, argmax over the language tokens); English-only ones
@@ -45,6 +48,7 @@ class WhisperConfig:
     max_target_positions: int = 448      # decoder positions: prompt + transcript of one window
     activation_function: str = "gelu"
     tie_word_embeddings: bool = True     # proj_out is embed_tokens
+    median_filter_width: int = 7         # word alignment: the cross-attention's smoothing over frames
 
     def __post_init__(self):
         for name in ("vocab_size", "num_mel_bins", "d_model", "encoder_layers", "encoder_attention_heads",
@@ -97,6 +101,7 @@ class ForcedPrompt:
     previous: tuple[int, ...]          # <|startofprev|> + prompt text ids, or ()
     init: tuple[int | None, ...]       # forced tokens; None (index 1): the language, to be detected
     language: int | None = None        # the language token the request named (None: detected or English-only)
+    timestamps: bool = False           # no <|notimestamps|>: the windows are decoded with timestamp tokens
 
     @property
     def detects_language(self) -> bool:
@@ -126,6 +131,13 @@ class WhisperGenerationConfig:
     no_timestamps_token_id: int | None = None
     prev_sot_token_id: int | None = None           # <|startofprev|>
     forced_decoder_ids: tuple[tuple[int, int | None], ...] = ()  # old checkpoints: (position, id)
+    max_initial_timestamp_index: int | None = None   # the first timestamp of a window is at most this one
+    alignment_heads: tuple[tuple[int, int], ...] = ()   # (decoder layer, head): cross-attention that aligns words
+
+    @property
+    def timestamp_begin(self) -> int | None:
+        """The id of <|0.00|>: every id from here on is a timestamp (0.02 s apart)."""
+        return None if self.no_timestamps_token_id is None else self.no_timestamps_token_id + 1
 
     @property
     def language_ids(self) -> tuple[int, ...]:
@@ -153,8 +165,9 @@ class WhisperGenerationConfig:
             raise ValueError(f"unsupported language {language!r}; this model knows: {known}")
         return self.lang_to_id[token]
 
-    def forced_prompt(self, language: str | None, task: str, previous: tuple[int, ...] = ()) -> ForcedPrompt:
-        """The forced tokens as transformers' `_retrieve_init_tokens` builds them (no timestamps)."""
+    def forced_prompt(self, language: str | None, task: str, previous: tuple[int, ...] = (),
+                      timestamps: bool = False) -> ForcedPrompt:
+        """The forced tokens as transformers' `_retrieve_init_tokens` builds them."""
         if task not in TASKS:
             raise ValueError(f"task must be one of {TASKS}, got {task!r}")
         if not self.is_multilingual:
@@ -172,9 +185,14 @@ class WhisperGenerationConfig:
                 raise ValueError("the generation config has no lang_to_id: name the language")
             language_id = self.language_to_id(language) if language is not None else None
             init = [self.decoder_start_token_id, DETECT if language_id is None else language_id, self.task_to_id[task]]
-        if self.no_timestamps_token_id is not None and init[-1] != self.no_timestamps_token_id:
+        if timestamps:
+            if self.no_timestamps_token_id is None:
+                raise ValueError("the generation config has no no_timestamps_token_id: no timestamps can be decoded")
+            if init[-1] == self.no_timestamps_token_id:   # an English-only model's forced_decoder_ids
+                init.pop()
+        elif self.no_timestamps_token_id is not None and init[-1] != self.no_timestamps_token_id:
             init.append(self.no_timestamps_token_id)
-        return ForcedPrompt(tuple(previous), tuple(init), language_id)
+        return ForcedPrompt(tuple(previous), tuple(init), language_id, timestamps)
 
     @staticmethod
     def _code(language: str) -> str:
@@ -200,6 +218,8 @@ class WhisperGenerationConfig:
             no_timestamps_token_id=hf.get("no_timestamps_token_id"),
             prev_sot_token_id=hf.get("prev_sot_token_id"),
             forced_decoder_ids=forced,
+            max_initial_timestamp_index=hf.get("max_initial_timestamp_index"),
+            alignment_heads=tuple((int(layer), int(head)) for layer, head in (hf.get("alignment_heads") or ())),
         )
 
     @classmethod

@@ -21,6 +21,18 @@ call does when its last position is computed depends on the stream's phase:
     window 1: [prev.. sot en transcribe notimestamps] u0 u1 EOS       (EOS emitted: stop)
     client:   t0 t1 t2 u0 u1 EOS        -- the budget counts these items
 
+Where a window starts (`seek`, in mel frames) is decided when the one before ends: 30 s
+later without timestamps, where its timestamps say with them (timestamps.py); the window
+that would start past the audio's end is not decoded, so the one that just ended was the
+last. A window's encoder states come from the encoder node when it encoded that window
+up front, else the decoder encodes it (its features sliced at `seek`) the first time
+the window runs, batched with the other streams starting a window in that step.
+
+With a temperature fallback (fallback.py) a window whose tokens fail the checks when it
+ends is decoded again, from its prompt, at the next temperature of the request's
+schedule: its EOS is swallowed like a window boundary's, and `_sampling_params` gives the
+row that attempt's temperature.
+
 A phase change ends the call without outputs (None) and restarts the stream's sequence
 from position 0; the runtime keeps the stream at the node, and the next step computes
 the new sequence (chunked like any prefill). The old sequence's pages are given back
@@ -37,7 +49,10 @@ there: its budget is at most `max_target_positions - prompt length` tokens.
 
 Suppression, as transformers applies it: `suppress_tokens` at every sample,
 `begin_suppress_tokens` at a window's first sample (`SuppressTokens`, the shared
-sampler's logits mask: a candidate table, so the sampling graphs take it). The
+sampler's logits mask: a candidate table, so the sampling graphs take it); a batch with
+a stream decoding timestamps takes `WhisperLogits` instead, which adds the timestamp
+rules of `TimestampRules` to those rows (a mask computed per row, so no sampling graph and
+no step two ahead for that batch). The
 cross-attention slot is written from the window's encoder states the first time the
 window runs and kept across preemption (only the self-attention pages are dropped and
 recomputed).
@@ -45,7 +60,8 @@ recomputed).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 
 import torch
 
@@ -55,9 +71,14 @@ from omniwalk.engine.cross_attention import CrossAttention, CrossAttentionCache
 from omniwalk.engine.cuda_graphs import DecodeGraphs
 from omniwalk.engine.host_to_device import to_device
 from omniwalk.engine.kv_cache import PagedKVCache
+from omniwalk.engine.sampler import SamplingParams
 from omniwalk.engine.sampling_graphs import CandidateTable
+from omniwalk.models.whisper.alignment import alignment_weights, token_times
 from omniwalk.models.whisper.config import ForcedPrompt, WhisperGenerationConfig
+from omniwalk.models.whisper.fallback import window_fails
+from omniwalk.models.whisper.features import MelFrames
 from omniwalk.models.whisper.modeling import WhisperEncoder, WhisperForConditionalGeneration
+from omniwalk.models.whisper.timestamps import TimestampRules, split_window
 from omniwalk.runtime.executor import NodeCall, NodeExecutor
 
 
@@ -92,18 +113,38 @@ class EncoderExecutor(NodeExecutor):
 
 @dataclass(frozen=True)
 class DecoderPrompt:
-    """The decoder's prefill input: the request's encoder states and its forced prompt."""
+    """The decoder's prefill input: the encoder states of the windows encoded up front,
+    the recording's frames (for the windows encoded later) and the forced prompt."""
 
-    encoder_states: torch.Tensor     # [num_windows, source_len, d_model] on the device
+    encoder_states: dict[int, torch.Tensor]    # seek -> [source_len, d_model] on the device
+    audio: MelFrames
     prompt: ForcedPrompt
+    temperatures: tuple[float, ...] = (0.0,)   # a window's attempts (the first: the stream's own)
+    align: bool = False                        # token times by cross-attention alignment
 
 
 @dataclass(frozen=True)
 class WindowInfo:
-    """Sent with every transcript token: its window, and the request's language token."""
+    """Sent with every transcript token: its window (number, first frame, frames of audio
+    in it), and the request's language token."""
 
     index: int
     language: int | None
+    seek: int = 0
+    num_frames: int = 3000
+    attempt: int = 0                # its decoding at temperatures[attempt] (a later one replaces it)
+    temperature: float = 0.0
+    aligned: "WindowTimes | None" = None    # the token times of a window that ended (or was cut) just now
+
+
+@dataclass(frozen=True)
+class WindowTimes:
+    """Word timestamps: the times of one window's tokens (seconds from the window's start),
+    sent with the first item after the window ends (or with the window's last item)."""
+
+    index: int
+    attempt: int
+    times: tuple[float, ...]
 
 
 @dataclass
@@ -112,29 +153,64 @@ class TranscriptState(SequenceState):
     sequence (prompt, then fed-back samples); `output_ids` every sample of the stream
     (its length is the sample index)."""
 
-    encoder_states: torch.Tensor | None = None
+    encoder_states: dict[int, torch.Tensor] = field(default_factory=dict)   # seek -> [S, d], while needed
+    audio: MelFrames | None = None
     prompt: ForcedPrompt | None = None
     language: int | None = None          # the language token (given, or once detected)
     window: int = 0
+    seek: int = 0                        # the window's first mel frame
     window_start: int = 0                # samples drawn before this window
     cross_window: int | None = None      # the window whose keys/values the cross slot holds
     restarted: bool = False              # a new sequence; the pages still held are the old one's
+    temperatures: tuple[float, ...] = (0.0,)
+    attempt: int = 0                     # the window's decoding at temperatures[attempt]
+    sampling: SamplingParams | None = None   # for attempts after the first (else the stream's)
+    logprob_sum: float = 0.0             # of the window's samples (the fallback's check)
+    num_logprobs: int = 0
+    align: bool = False                  # word timestamps: each window's token times
+    aligned: WindowTimes | None = None   # a window's times, until the next item carries them
 
     @property
     def detecting(self) -> bool:
         return self.language is None and self.prompt.detects_language
 
-    @property
-    def is_last_window(self) -> bool:
-        return self.window == self.encoder_states.shape[0] - 1
+    def next_info(self) -> WindowInfo:
+        """The window of the item emitted now; it carries the times of a window that ended (once)."""
+        aligned, self.aligned = self.aligned, None
+        return WindowInfo(self.window, self.language, self.seek, self.audio.window_length(self.seek), self.attempt,
+                          self.temperatures[self.attempt], aligned)
 
     @property
-    def info(self) -> WindowInfo:
-        return WindowInfo(self.window, self.language)
+    def can_fall_back(self) -> bool:
+        return self.attempt + 1 < len(self.temperatures)
+
+    @property
+    def window_tokens(self) -> list[int]:
+        """The samples of the current window so far."""
+        return self.output_ids[self.window_start :]
 
     def restart(self, token_ids: list[int]) -> None:
         """A phase change: the sequence starts over from position 0."""
         self.token_ids, self.num_computed, self.restarted = token_ids, 0, True
+
+    def next_window(self, seek: int, first: SamplingParams) -> None:
+        """The window at `seek` starts from the forced prompt, at the first temperature."""
+        self.encoder_states.pop(self.seek, None)
+        self.window += 1
+        self.seek = seek
+        self._start_attempt(0, first)
+
+    def retry_window(self, stream_sampling: SamplingParams) -> None:
+        """The window starts over at the next temperature (its output failed the checks)."""
+        self._start_attempt(self.attempt + 1, stream_sampling)
+
+    def _start_attempt(self, attempt: int, stream_sampling: SamplingParams) -> None:
+        self.attempt = attempt
+        self.sampling = None if attempt == 0 else dataclasses.replace(stream_sampling,
+                                                                      temperature=self.temperatures[attempt])
+        self.window_start = len(self.output_ids)
+        self.logprob_sum, self.num_logprobs = 0.0, 0
+        self.restart(self.prompt.ids(self.language))
 
 
 class SuppressTokens:
@@ -161,6 +237,30 @@ class SuppressTokens:
         rows = self.candidate_rows(calls, [len(ids) for ids in output_ids])
         allowed = self.table.allowed.index_select(0, to_device(rows, torch.long, logits.device))
         logits.masked_fill_(~allowed, float("-inf"))
+
+
+class WhisperLogits:
+    """The logits mask of a batch with a stream decoding timestamps: `SuppressTokens` on
+    every row, then `TimestampRules` on those rows (no candidate table: the allowed
+    timestamps depend on each row's window so far)."""
+
+    def __init__(self, suppress: SuppressTokens, rules: TimestampRules, sequences: dict[int, TranscriptState]):
+        self.suppress = suppress
+        self.rules = rules
+        self.sequences = sequences   # the executor's
+
+    def __call__(self, logits: torch.Tensor, calls: list[NodeCall], output_ids: list[list[int]]) -> None:
+        self.suppress(logits, calls, output_ids)
+        states = [self.sequences[call.stream.handle] for call in calls]
+        rows = [row for row, state in enumerate(states) if state.prompt.timestamps]
+        if rows:
+            # `output_ids` may run a step ahead of the state (a look-ahead step): count from them
+            self.rules(logits, rows, [output_ids[row][states[row].window_start :] for row in rows])
+
+
+def _is_last_item(stream) -> bool:
+    """Whether the item a stream emits now is the last its budget allows (the runtime counts it next)."""
+    return stream.params.max_items is not None and stream.count + 1 >= stream.params.max_items
 
 
 def _id_mask(vocab: int, ids) -> torch.Tensor:
@@ -200,7 +300,13 @@ class DecoderExecutor(CausalLMExecutor):
         self.max_cross_writes = max_cross_writes      # windows whose cross K/V are computed at once
         self.max_positions = model.config.max_target_positions
         self.language_ids = torch.tensor(sorted(generation.language_ids), dtype=torch.long, device=self.device)
-        self.logits_mask = SuppressTokens(generation, model.config.vocab_size, self.device, self.sequences)
+        self.suppress = self.logits_mask = SuppressTokens(generation, model.config.vocab_size, self.device,
+                                                          self.sequences)
+        self.with_timestamps = None
+        if generation.timestamp_begin is not None:
+            rules = TimestampRules(generation.timestamp_begin, generation.no_timestamps_token_id,
+                                   min(generation.eos_token_ids), generation.max_initial_timestamp_index)
+            self.with_timestamps = WhisperLogits(self.suppress, rules, self.sequences)
 
     @property
     def streams(self) -> dict[int, TranscriptState]:
@@ -218,8 +324,9 @@ class DecoderExecutor(CausalLMExecutor):
         sampling = stream.params.sampling
         history = TokenHistory([]) if sampling is not None and sampling.has_penalties else None
         self.sequences[stream.handle] = TranscriptState(
-            token_ids=first, prompt_len=len(first), history=history, encoder_states=tokens.encoder_states,
-            prompt=prompt, language=prompt.language)
+            token_ids=first, prompt_len=len(first), history=history, encoder_states=dict(tokens.encoder_states),
+            audio=tokens.audio, prompt=prompt, language=prompt.language, temperatures=tokens.temperatures,
+            align=tokens.align)
 
     def can_reserve(self, stream, num_tokens: int) -> bool:
         handle = stream.handle
@@ -255,6 +362,10 @@ class DecoderExecutor(CausalLMExecutor):
         if stale:
             self._write_cross([calls[i].stream.handle for i in stale], [states[i] for i in stale])
         written = [(states[i], states[i].window) for i in stale]
+        # the timestamp rules' mask for a batch that needs it (the look-ahead step launched
+        # at the end of this run samples its rows with the same)
+        timestamps = any(state.prompt.timestamps for state in states)
+        self.logits_mask = self.with_timestamps if timestamps else self.suppress
         detect = [i for i, s in enumerate(states) if s.detecting]
         results = self._run_with_detection(calls, states, detect) if detect else super().run(calls)
         for state, window in written:   # the window written (the step may have started the next one)
@@ -281,25 +392,69 @@ class DecoderExecutor(CausalLMExecutor):
 
     def _record_samples(self, calls, sequences, rows, sampled, seen_tokens):
         eos_of = [calls[index].stream.params.stop.eos_ids for index in rows]
+        forced = set()
         for k, index in enumerate(rows):
             if len(sequences[index].token_ids) >= self.max_positions:   # the window's context is full: it ends
                 sampled[k] = (min(eos_of[k]), None)
+                forced.add(index)
         results, _ = super()._record_samples(calls, sequences, rows, sampled, seen_tokens)
         ended = set()
         for index, eos_ids in zip(rows, eos_of):
             state, result = sequences[index], results[index]
+            if result["logprobs"] is not None:   # a stream with a fallback asks for them
+                state.logprob_sum += result["logprobs"].logprob
+                state.num_logprobs += 1
             if result["token"] not in eos_ids:
-                result["window"] = state.info
+                if state.align and _is_last_item(calls[index].stream):   # the budget cuts the window here
+                    self._align(state, state.window_tokens)
+                result["window"] = state.next_info()
                 continue
             ended.add(index)
-            if state.is_last_window:
-                result["window"] = state.info
-            else:   # the window's EOS is not an output: the next window starts from its prompt
-                results[index] = None
-                state.window += 1
-                state.window_start = len(state.output_ids)
-                state.restart(state.prompt.ids(state.language))
+            results[index] = self._end_window(state, result, calls[index].stream.params.sampling, index in forced)
         return results, ended
+
+    def _end_window(self, state: TranscriptState, result: dict, stream_sampling: SamplingParams,
+                    forced: bool) -> dict | None:
+        """The EOS that ends a window (`forced`: it is not a sample, the context was full):
+        the window is decoded again at the next temperature, or the next window starts,
+        or the stream ends with it (the last window: the one EOS emitted)."""
+        tokens = state.window_tokens
+        checked = tokens[:-1] if forced else tokens
+        if state.can_fall_back and window_fails(checked, state.logprob_sum, state.num_logprobs,
+                                                self.model.config.vocab_size):
+            state.retry_window(stream_sampling)
+            self._batch_rows = None    # the rows' sampling parameters changed
+            return None
+        if state.align:
+            self._align(state, checked)
+        next_seek = state.seek + self._window_advance(state, tokens[:-1])
+        if next_seek >= state.audio.num_frames:
+            result["window"] = state.next_info()
+            return result
+        if state.sampling is not None:   # back to the stream's own sampling parameters
+            self._batch_rows = None
+        state.next_window(next_seek, stream_sampling)
+        return None
+
+    def _align(self, state: TranscriptState, tokens: list[int]) -> None:
+        """The window's token times (`tokens`: its samples, an EOS sampled included), for
+        the next item to carry. One eager decoder pass over the window (alignment.py)."""
+        prompt = state.prompt.ids(state.language)
+        heads = self.generation.alignment_heads
+        weights = alignment_weights(self.model.decoder, self._window_states([state])[0], prompt + tokens[:-1], heads)
+        times = token_times(weights[:, len(prompt):], len(tokens), state.audio.window_audio_frames(state.seek),
+                            self.model.config.median_filter_width)
+        state.aligned = WindowTimes(state.window, state.attempt, tuple(times))
+
+    def _sampling_params(self, call: NodeCall) -> SamplingParams:
+        return self.sequences[call.stream.handle].sampling or call.stream.params.sampling
+
+    def _window_advance(self, state: TranscriptState, tokens: list[int]) -> int:
+        """Mel frames from the window's start to the next one's (tokens: the window's, no EOS)."""
+        num_frames = state.audio.window_length(state.seek)
+        if not state.prompt.timestamps:
+            return num_frames
+        return split_window(tokens, state.seek, num_frames, self.generation.timestamp_begin)[1]
 
     def _row_slots(self, handles: list[int]) -> list[tuple[int]]:
         return [self.cross.row_slots(h) for h in handles]
@@ -311,6 +466,18 @@ class DecoderExecutor(CausalLMExecutor):
         step = self.max_cross_writes
         for start in range(0, len(handles), step):
             part = states[start : start + step]
-            encoder_states = torch.stack([s.encoder_states[s.window] for s in part])   # [n, S, d]
+            encoder_states = torch.stack(self._window_states(part))   # [n, S, d]
             keys, values = self.model.decoder.cross_key_values(encoder_states)
             self.cross.write(handles[start : start + step], keys, values)
+
+    def _window_states(self, states: list[TranscriptState]) -> list[torch.Tensor]:
+        """Each stream's encoder states of its current window: encoded up front, or now
+        (its features sliced at the window's seek, the streams' windows in one batch)."""
+        missing = [s for s in states if s.seek not in s.encoder_states]
+        if missing:
+            features = torch.stack([s.audio.window(s.seek) for s in missing])
+            weight = self.model.encoder.conv1.weight
+            encoded = self.model.encoder(features.to(weight.device, weight.dtype))
+            for state, window_states in zip(missing, encoded):   # copies: not the whole batch kept alive
+                state.encoder_states[state.seek] = window_states.clone()
+        return [s.encoder_states[s.seek] for s in states]

@@ -1,24 +1,30 @@
 """Whisper's log-mel features in torch, matching transformers' `WhisperFeatureExtractor`.
 
-Audio (16 kHz mono float32) is cut into consecutive windows of `chunk_length` seconds
-(30 s = 480000 samples); the last one is zero-padded to full length, as the extractor
-pads a short clip. Each window becomes [num_mel_bins, 3000] features on its own:
+Audio (16 kHz mono float32) becomes the mel frames of the whole recording (100 a second),
+from which the decoder takes 30 s windows (3000 frames) at a frame offset, `seek`:
 
-    audio:    |------ 30 s ------|------ 30 s ------|-- 7 s --|
-    windows:  [       w0        ][       w1        ][ w2 + 23 s of zeros ]
-    features: [W = 3, num_mel_bins, 3000]
+    up to 30 s:  the audio zero-padded to 30 s, featurized: 3000 frames, one window
+                 (the extractor's default call: what `generate` calls short-form)
+    longer:      the whole audio featurized, n_samples // hop frames (the extractor with
+                 truncation=False, padding="longest": `generate`'s long-form input);
+                 a window is frames [seek, seek + 3000), zero-padded past the end
 
-Per window, as the extractor does it: |STFT|^2 (n_fft 400, hop 160, Hann window,
-centred, last frame dropped) -> mel filters (Slaney scale and norm, 0..8 kHz) ->
-log10(max(., 1e-10)) -> max(., window max - 8) -> (. + 4) / 4. The clamp to the
-window's maximum is per window, so a window is featurized exactly as a clip of its own.
-A long recording is transcribed window by window and the windows' texts are joined
-(see `transcribe.py`).
+    frames:   |------------------------------ 6500 ------------------------------|
+    seek 0:   [          3000           ]
+    seek 2964:                    [          3000           ]
+    seek 5928:                                                [  572  + 2428 zeros ]
+
+Without timestamps the windows follow each other (seek 0, 3000, 6000, ...); with them
+the model's last timestamp decides where the next one starts (timestamps.py).
+
+As the extractor: |STFT|^2 (n_fft 400, hop 160, Hann window, centred, last frame
+dropped) -> mel filters (Slaney scale and norm, 0..8 kHz) -> log10(max(., 1e-10)) ->
+max(., max over the recording - 8) -> (. + 4) / 4. A long recording's STFT runs in blocks
+of windows, so its memory is the mel frames', not the spectrum's.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -97,12 +103,50 @@ def mel_filters(num_mel_bins: int, n_fft: int, sampling_rate: int, max_frequency
 # ---------------------------------------------------------------- features
 
 
-def num_windows(num_samples: int, config: FeatureConfig) -> int:
-    return max(1, math.ceil(num_samples / config.window_samples))
+@dataclass(frozen=True)
+class MelFrames:
+    """The mel frames of one recording, and the windows the encoder takes from them."""
+
+    frames: torch.Tensor          # [num_mel_bins, num_frames] float32
+    window_frames: int            # frames of one window (3000)
+    audio_frames: int = 0         # frames of audio (fewer than num_frames where it was padded)
+
+    @property
+    def num_frames(self) -> int:
+        """Frames the windows cover (3000 for audio up to 30 s: it was padded to one window)."""
+        return self.frames.shape[1]
+
+    def window_length(self, seek: int) -> int:
+        """Frames of audio in the window at `seek` (the rest is padding)."""
+        return min(self.window_frames, self.num_frames - seek)
+
+    def window_audio_frames(self, seek: int) -> int:
+        """Frames of the recording itself in the window at `seek` (not its padding); the
+        window's frames where it lies in the padding (a short clip's later windows)."""
+        frames = min(self.window_frames, self.audio_frames - seek)
+        return frames if frames > 0 else self.window_length(seek)
+
+    def window(self, seek: int) -> torch.Tensor:
+        """[num_mel_bins, window_frames]: frames [seek, seek + window_frames), zeros past the end."""
+        if not 0 <= seek < self.num_frames:
+            raise ValueError(f"seek {seek} is outside the {self.num_frames} frames")
+        part = self.frames[:, seek : seek + self.window_frames]
+        return torch.nn.functional.pad(part, (0, self.window_frames - part.shape[1]))
+
+    def windows(self, seeks) -> torch.Tensor:
+        """[len(seeks), num_mel_bins, window_frames]"""
+        return torch.stack([self.window(seek) for seek in seeks])
+
+    @property
+    def consecutive_seeks(self) -> tuple[int, ...]:
+        """The windows' seeks when each one starts where the one before ends (no timestamps)."""
+        return tuple(range(0, self.num_frames, self.window_frames))
 
 
 class LogMelFeatures:
-    """audio [samples] float32 -> features [num_windows, num_mel_bins, num_frames] float32."""
+    """audio [samples] float32 -> MelFrames (see the module docstring)."""
+
+    BLOCK_WINDOWS = 8     # windows of frames per STFT block of a long recording
 
     def __init__(self, config: FeatureConfig = FeatureConfig(), device: torch.device | str = "cpu"):
         self.config = config
@@ -111,25 +155,33 @@ class LogMelFeatures:
         self.filters_t = torch.from_numpy(filters).to(self.device, torch.float32).T.contiguous()  # [mels, bins]
         self.window = torch.hann_window(config.n_fft, device=self.device)
 
-    def windows(self, audio: np.ndarray | torch.Tensor) -> torch.Tensor:
-        """[num_windows, window_samples]: consecutive windows, the last zero-padded."""
+    @torch.inference_mode()
+    def __call__(self, audio: np.ndarray | torch.Tensor) -> MelFrames:
+        config = self.config
         samples = torch.as_tensor(audio, dtype=torch.float32, device=self.device).reshape(-1)
         if samples.numel() == 0:
             raise ValueError("the audio is empty")
-        size = self.config.window_samples
-        count = num_windows(samples.numel(), self.config)
-        padded = torch.zeros(count * size, dtype=torch.float32, device=self.device)
-        padded[: samples.numel()] = samples
-        return padded.view(count, size)
-
-    @torch.inference_mode()
-    def __call__(self, audio: np.ndarray | torch.Tensor) -> torch.Tensor:
-        config = self.config
-        windows = self.windows(audio)
-        stft = torch.stft(windows, config.n_fft, config.hop_length, window=self.window, return_complex=True)
-        power = (stft[..., :-1].abs() ** 2).contiguous()             # [W, bins, frames]
-        mel = self.filters_t @ power                                  # [W, mels, frames]
-        log_spec = torch.clamp(mel, min=1e-10).log10()
-        peak = log_spec.amax(dim=(1, 2), keepdim=True)                # per window
+        audio_frames = samples.numel() // config.hop_length
+        if samples.numel() <= config.window_samples:
+            samples = torch.nn.functional.pad(samples, (0, config.window_samples - samples.numel()))
+        log_spec = self._log_mel(samples)
+        peak = log_spec.max()                        # over the whole recording
         log_spec = torch.maximum(log_spec, peak - 8.0)
-        return (log_spec + 4.0) / 4.0
+        return MelFrames((log_spec + 4.0) / 4.0, config.num_frames, audio_frames)
+
+    def _log_mel(self, samples: torch.Tensor) -> torch.Tensor:
+        """log10 mel power [mels, samples // hop], in blocks of frames (centred STFT: the
+        signal reflect-padded once, each block framed from it without padding of its own)."""
+        config = self.config
+        hop, n_fft = config.hop_length, config.n_fft
+        num_frames = samples.numel() // hop          # the centred STFT's last frame is dropped
+        padded = torch.nn.functional.pad(samples[None, None], (n_fft // 2, n_fft // 2), mode="reflect")[0, 0]
+        block = self.BLOCK_WINDOWS * config.num_frames
+        parts = []
+        for first in range(0, num_frames, block):
+            count = min(block, num_frames - first)
+            piece = padded[first * hop : (first + count - 1) * hop + n_fft]
+            stft = torch.stft(piece, n_fft, hop, window=self.window, center=False, return_complex=True)
+            mel = self.filters_t @ (stft.abs() ** 2)                 # [mels, count]
+            parts.append(torch.clamp(mel, min=1e-10).log10())
+        return torch.cat(parts, dim=1)

@@ -1,7 +1,7 @@
 """Whisper as a walk graph: a stateless encoder node and a stateful decoder node.
 
     transcript stream (budgeted: max_output_tokens counts its tokens; stop: EOS)
-      encode:   encoder(features) -> encoder_states                Keep     (all windows at once)
+      encode:   encoder(features) -> encoder_states                Keep     (the windows known up front)
       prefill:  decoder(DecoderPrompt) -> token, window   ToClient, Keep    (first item)
       decode:   Loop "decode" [ decoder(token) -> token, window   ToClient ]   (cap N - 1)
 
@@ -13,9 +13,13 @@ its phases: language detection, windows, the window boundary inside the decode l
 
 Audio longer than one window: the decoder runs the windows in order on the one stream,
 each from the same forced prompt with its own encoder states (window w's transcript is
-not a prompt for window w + 1). The budget counts transcript tokens across all windows;
-the EOS that ends a window other than the last is not emitted. The texts of the
-windows are joined with a single space (transcribe.py).
+not a prompt for window w + 1, as transformers' default). Without timestamps the windows
+follow each other every 30 s and the encoder node encodes them all up front; with
+timestamps a window starts where the last one's timestamps say (timestamps.py), so the
+encoder node encodes the first and the decoder node each later one as it starts. The
+budget counts transcript tokens across all windows; the EOS that ends a window other
+than the last is not emitted. The texts of the windows are joined with a single space
+(transcribe.py).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from omniwalk.graph import (
 )
 from omniwalk.models.whisper.config import ForcedPrompt, WhisperGenerationConfig
 from omniwalk.models.whisper.executors import DecoderExecutor, DecoderPrompt, EncoderExecutor
-from omniwalk.models.whisper.features import LogMelFeatures
+from omniwalk.models.whisper.features import LogMelFeatures, MelFrames
 from omniwalk.models.whisper.modeling import WhisperForConditionalGeneration
 
 TRANSCRIPT_STREAM = "transcript"
@@ -53,12 +57,20 @@ def whisper_graph() -> ModelGraph:
 class TranscriptionInputs:
     """The preprocessed request of a Whisper model."""
 
-    features: torch.Tensor        # [num_windows, num_mel_bins, num_frames] float32, on the CPU
+    audio: MelFrames              # the recording's mel frames, on the CPU
     prompt: ForcedPrompt          # the decoder prompt of every window
+    temperatures: tuple[float, ...] = (0.0,)   # a window's attempts, in order (fallback.py)
+    word_timestamps: bool = False              # each window's token times by alignment (alignment.py)
 
     @property
-    def num_windows(self) -> int:
-        return self.features.shape[0]
+    def encoded_seeks(self) -> tuple[int, ...]:
+        """The windows the encoder node encodes: those whose start is known before decoding."""
+        return (0,) if self.prompt.timestamps else self.audio.consecutive_seeks
+
+    @property
+    def features(self) -> torch.Tensor:
+        """[len(encoded_seeks), num_mel_bins, window_frames]"""
+        return self.audio.windows(self.encoded_seeks)
 
 
 def whisper_plan(view: StreamView) -> WalkCall | None:
@@ -66,7 +78,9 @@ def whisper_plan(view: StreamView) -> WalkCall | None:
     if view.last_walk is None:
         return WalkCall("encode", {"features": request.features})
     if view.last_walk == "encode":
-        return WalkCall("prefill", {"tokens": DecoderPrompt(view.kept["encoder_states"], request.prompt)})
+        states = dict(zip(request.encoded_seeks, view.kept["encoder_states"]))
+        return WalkCall("prefill", {"tokens": DecoderPrompt(states, request.audio, request.prompt,
+                                                            request.temperatures, request.word_timestamps)})
     if view.last_walk == "prefill":
         return WalkCall("decode", {"tokens": view.kept["token"]})
     return None

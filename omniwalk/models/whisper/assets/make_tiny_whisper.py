@@ -10,7 +10,8 @@
         T + 2 .. T + 101    <|en|> <|zh|> ... <|yue|>
         T + 102, T + 103    <|translate|> <|transcribe|>
         T + 104 .. T + 106  <|startoflm|> <|startofprev|> <|nospeech|>
-        T + 107             <|notimestamps|>        the last id: no timestamp tokens
+        T + 107             <|notimestamps|>
+        T + 108 .. T + 1608 <|0.00|> <|0.02|> ... <|30.00|>   timestamp tokens (timestamp_begin = T + 108)
 
     generation_config.json   forced prompt, language and task ids, suppress lists, as a
                              Whisper checkpoint's generation config has them
@@ -45,6 +46,9 @@ SPECIAL_TOKENS = (
     + [f"<|{task}|>" for task in TASKS]
     + ["<|startoflm|>", "<|startofprev|>", "<|nospeech|>", "<|notimestamps|>"]
 )
+# Whisper's timestamp tokens: 0.00 s to 30.00 s in steps of 0.02 s (special here, so that a
+# text decode skips them; ids past <|notimestamps|> are timestamps whatever the tokenizer says)
+TIMESTAMP_TOKENS = [f"<|{i * 0.02:.2f}|>" for i in range(1501)]
 # openai-whisper's non-speech symbols, suppressed at every step (those the vocabulary has as one token)
 SUPPRESSED_SYMBOLS = list('"#()*+/:;<=>@[\\]^_`{|}~') + [" -", " '"]
 
@@ -60,7 +64,8 @@ def build_tokenizer() -> Tokenizer:
     tokenizer.train_from_iterator(CORPUS.split("\n\n"), trainer=trainer)
     if tokenizer.get_vocab_size() != TEXT_TOKENS:
         raise RuntimeError(f"trained {tokenizer.get_vocab_size()} tokens, wanted {TEXT_TOKENS}")
-    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                                  for t in SPECIAL_TOKENS + TIMESTAMP_TOKENS])
     return tokenizer
 
 
@@ -75,6 +80,7 @@ def generation_config(tokenizer: Tokenizer) -> dict:
     specials = [ids[t] for t in ("<|startoftranscript|>", "<|translate|>", "<|transcribe|>", "<|startoflm|>",
                                  "<|startofprev|>", "<|nospeech|>")]
     return {
+        "alignment_heads": [[1, 0], [1, 1], [1, 2], [1, 3]],   # tiny-whisper's last decoder layer
         "begin_suppress_tokens": [tokenizer.encode(" ").ids[0], eot],
         "bos_token_id": eot,
         "decoder_start_token_id": ids["<|startoftranscript|>"],
@@ -82,6 +88,7 @@ def generation_config(tokenizer: Tokenizer) -> dict:
         "forced_decoder_ids": None,
         "is_multilingual": True,
         "lang_to_id": {f"<|{code}|>": ids[f"<|{code}|>"] for code in LANGUAGES},
+        "max_initial_timestamp_index": 50,
         "max_length": 448,
         "no_timestamps_token_id": ids["<|notimestamps|>"],
         "pad_token_id": eot,
@@ -125,7 +132,7 @@ def write_folder(tokenizer: Tokenizer, folder: Path) -> None:
 
 def main() -> None:
     tokenizer = build_tokenizer()
-    assert tokenizer.get_vocab_size() == TEXT_TOKENS + len(SPECIAL_TOKENS) == 512
+    assert tokenizer.get_vocab_size() == TEXT_TOKENS + len(SPECIAL_TOKENS) + len(TIMESTAMP_TOKENS) == 2013
     write_folder(tokenizer, OUTPUT)
     print(f"wrote {OUTPUT} ({tokenizer.get_vocab_size()} tokens)")
 
