@@ -86,7 +86,7 @@ def compare_split_decode(seed, num_heads, num_kv_heads, head_dim, page_size, dev
     assert (got.float() - expected.float()).abs().max().item() < tol
 
 
-@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("seed", [0, 2])   # batches of 4 and 1 sequences (some contexts empty)
 def test_split_decode_matches_sdpa_on_cpu(seed, monkeypatch):
     # decode batches of 1-4 sequences over 2 KV heads: split 8-16 ways, shares of 8 keys
     # (some past the end of short sequences, some sequences with no context at all)

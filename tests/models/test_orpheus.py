@@ -128,7 +128,7 @@ def test_snac_with_its_triton_kernels_matches_the_snac_package(monkeypatch):
     reference = reference_snac(TINY_SNAC, seed=3)
     ours = SnacDecoder(TINY_SNAC)
     load_snac_state(ours, reference.state_dict())
-    codes = random_codes(TINY_SNAC, 2, 3)
+    codes = random_codes(TINY_SNAC, 1, 3)   # the interpreter's cost grows with the rows
     with torch.inference_mode():
         torch.manual_seed(1)
         expected = reference.decode(codes)
