@@ -193,12 +193,12 @@ class TranscriptState(SequenceState):
         """A phase change: the sequence starts over from position 0."""
         self.token_ids, self.num_computed, self.restarted = token_ids, 0, True
 
-    def next_window(self, seek: int, first: SamplingParams) -> None:
+    def next_window(self, seek: int, stream_sampling: SamplingParams) -> None:
         """The window at `seek` starts from the forced prompt, at the first temperature."""
         self.encoder_states.pop(self.seek, None)
         self.window += 1
         self.seek = seek
-        self._start_attempt(0, first)
+        self._start_attempt(0, stream_sampling)
 
     def retry_window(self, stream_sampling: SamplingParams) -> None:
         """The window starts over at the next temperature (its output failed the checks)."""
