@@ -52,10 +52,12 @@ import torch
 import torch.nn.functional as F
 
 from omniwalk.kernels.silu_mul import silu_and_mul
-from omniwalk.kernels.triton_support import triton, use_triton
+from omniwalk.kernels.triton_support import pdl_launch, triton, use_triton
 
 if triton is not None:
     import triton.language as tl
+
+    from omniwalk.kernels.triton_support import await_predecessor
 
 MOE_BACKENDS = ("triton", "grouped_mm", "torch")
 
@@ -99,7 +101,7 @@ def routing(router_logits: torch.Tensor, top_k: int, norm_topk_prob: bool) -> tu
         _routing_kernel[(triton.cdiv(num_tokens, ROUTING_ROWS),)](
             logits, weights, ids, num_tokens, num_experts, TOP_K=top_k, NORMALIZE=norm_topk_prob,
             ROWS=ROUTING_ROWS, BLOCK_E=triton.next_power_of_2(num_experts),
-            BLOCK_K=triton.next_power_of_2(top_k), num_warps=4)
+            BLOCK_K=triton.next_power_of_2(top_k), num_warps=4, **pdl_launch(logits))
     return weights, ids
 
 
@@ -257,7 +259,8 @@ def align_pairs_to_blocks_triton(topk_ids: torch.Tensor, num_experts: int, block
     starts = torch.empty(2 * block_e, dtype=torch.int32, device=ids.device)   # scratch
     _align_kernel[(1,)](ids, sorted_pairs, block_experts, starts, num_pairs, num_experts, num_blocks,
                         BLOCK_M=block_m, BLOCK_P=triton.next_power_of_2(num_pairs), BLOCK_E=block_e,
-                        BLOCK_FILL=min(4096, triton.next_power_of_2(num_blocks * block_m)), num_warps=8)
+                        BLOCK_FILL=min(4096, triton.next_power_of_2(num_blocks * block_m)), num_warps=8,
+                        **pdl_launch(ids))
     return sorted_pairs, block_experts
 
 
@@ -306,7 +309,7 @@ def _fused_moe_gemv(x, topk_weights, topk_ids, gate_up_proj, down_proj, tiles: M
         _moe_gemv_kernel[(num_pairs, triton.cdiv(n, block_n))](
             a, weight, out, topk_weights, topk_ids, n, k, a.stride(0), weight.stride(0), weight.stride(1),
             out.stride(0), A_ROW_DIVISOR=divisor, GATED=gated, WEIGHTED=not gated, BLOCK_N=block_n,
-            BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages)
+            BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages, **pdl_launch(x))
     return sum_pairs(by_pair.view(num_tokens, top_k, hidden))
 
 
@@ -316,7 +319,8 @@ def sum_pairs(by_pair: torch.Tensor) -> torch.Tensor:
     num_tokens, top_k, hidden = by_pair.shape
     out = torch.empty((num_tokens, hidden), dtype=by_pair.dtype, device=by_pair.device)
     block = min(1024, triton.next_power_of_2(hidden))
-    _sum_pairs_kernel[(num_tokens, triton.cdiv(hidden, block))](by_pair, out, hidden, TOP_K=top_k, BLOCK=block)
+    _sum_pairs_kernel[(num_tokens, triton.cdiv(hidden, block))](by_pair, out, hidden, TOP_K=top_k, BLOCK=block,
+                                                                       **pdl_launch(out))
     return out
 
 
@@ -333,7 +337,8 @@ def _launch(a, weight, out, topk_weights, sorted_pairs, block_experts, num_block
         a, weight, out, topk_weights, sorted_pairs, block_experts,
         num_pairs, n, k, a.stride(0), weight.stride(0), weight.stride(1), out.stride(0),
         A_ROW_DIVISOR=a_row_divisor, GATED=gated, WEIGHTED=weighted, MASKED=MASKED, IEEE=IEEE,
-        BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages)
+        BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,
+        **pdl_launch(out))
 
 
 if triton is not None:
@@ -344,6 +349,7 @@ if triton is not None:
         num_pairs, N, K, stride_a, stride_we, stride_wn, stride_out,
         A_ROW_DIVISOR: tl.constexpr, GATED: tl.constexpr, WEIGHTED: tl.constexpr, MASKED: tl.constexpr,
         IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         """out[pair, n] for the BLOCK_M rows of block program_id(0) and BLOCK_N columns.
 
@@ -352,6 +358,7 @@ if triton is not None:
         block_experts[m]. A row's input is a[pair // A_ROW_DIVISOR] (the token for the
         first GEMM, the pair's activation for the second). GATED: the weight's rows
         [N, 2N) are the up projection, and the output is silu(gate) * up."""
+        await_predecessor(PDL)
         block = tl.program_id(0)
         rows = tl.arange(0, BLOCK_M)
         if MASKED:
@@ -406,9 +413,10 @@ if triton is not None:
 
     @triton.jit
     def _align_kernel(ids_ptr, sorted_pairs_ptr, block_experts_ptr, starts_ptr, num_pairs, num_experts, num_blocks,
-                      BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_FILL: tl.constexpr):
+                      BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_FILL: tl.constexpr, PDL: tl.constexpr):
         """Counts per expert (a histogram), their padded starts (a cumsum), then the pairs
         sorted by (expert, pair): the i-th of expert e goes to e's padded start + i."""
+        await_predecessor(PDL)
         lanes = tl.arange(0, BLOCK_P)
         expert = tl.load(ids_ptr + lanes, mask=lanes < num_pairs, other=num_experts)   # padding: bin E
         experts = tl.arange(0, BLOCK_E)
@@ -439,8 +447,10 @@ if triton is not None:
         a_ptr, w_ptr, out_ptr, topk_weights_ptr, topk_ids_ptr, N, K, stride_a, stride_we, stride_wn, stride_out,
         A_ROW_DIVISOR: tl.constexpr, GATED: tl.constexpr, WEIGHTED: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         """out[pair, n] for BLOCK_N columns of one pair, rounded as `_fused_moe_kernel` rounds."""
+        await_predecessor(PDL)
         pair = tl.program_id(0).to(tl.int64)
         expert = tl.load(topk_ids_ptr + pair).to(tl.int64)
         cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -470,8 +480,9 @@ if triton is not None:
 
     @triton.jit
     def _routing_kernel(logits_ptr, weights_ptr, ids_ptr, num_tokens, num_experts, TOP_K: tl.constexpr,
-                        NORMALIZE: tl.constexpr, ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
+                        NORMALIZE: tl.constexpr, ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
         """ROWS tokens: softmax over their experts, the top k by k rounds of argmax."""
+        await_predecessor(PDL)
         tokens = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
         experts = tl.arange(0, BLOCK_E)
         ok = (tokens[:, None] < num_tokens) & (experts[None, :] < num_experts)
@@ -500,7 +511,8 @@ if triton is not None:
         tl.store(ids_ptr + out, top_ids, mask=out_ok)
 
     @triton.jit
-    def _sum_pairs_kernel(by_pair_ptr, out_ptr, hidden, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
+    def _sum_pairs_kernel(by_pair_ptr, out_ptr, hidden, TOP_K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        await_predecessor(PDL)
         token = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         ok = cols < hidden

@@ -20,10 +20,12 @@ from dataclasses import dataclass
 import torch
 
 from omniwalk.kernels.rms_norm import rms_norm_reference
-from omniwalk.kernels.triton_support import triton, use_triton
+from omniwalk.kernels.triton_support import pdl_launch, triton, use_triton
 
 if triton is not None:
     import triton.language as tl
+
+    from omniwalk.kernels.triton_support import await_predecessor
 
     from omniwalk.kernels.rms_norm import scale_normed
 
@@ -61,7 +63,7 @@ def norm_rotary(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
         x, weight if weight is not None else x, cos, sin, out,
         x.stride(0), x.stride(1), cos.stride(0), eps,
         HAS_NORM=weight is not None, ZERO_CENTERED=zero_centered, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
-        HALF=rotary_dim // 2, BLOCK_HALF=triton.next_power_of_2(rotary_dim // 2),
+        HALF=rotary_dim // 2, BLOCK_HALF=triton.next_power_of_2(rotary_dim // 2), **pdl_launch(x),
     )
     return out
 
@@ -112,7 +114,7 @@ def norm_rotary_into_cache(query: torch.Tensor, key: torch.Tensor, value: torch.
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads,
         HAS_NORM=has_norm, ZERO_CENTERED=rotary.zero_centered, HEAD_DIM=head_dim,
         BLOCK_D=triton.next_power_of_2(head_dim),
-        HALF=rotary_dim // 2, BLOCK_HALF=triton.next_power_of_2(rotary_dim // 2),
+        HALF=rotary_dim // 2, BLOCK_HALF=triton.next_power_of_2(rotary_dim // 2), **pdl_launch(query),
     )
     return out
 
@@ -161,7 +163,8 @@ if triton is not None:
                             stride_token, stride_head, stride_cos, eps,
                             HAS_NORM: tl.constexpr, ZERO_CENTERED: tl.constexpr, HEAD_DIM: tl.constexpr,
                             BLOCK_D: tl.constexpr,
-                            HALF: tl.constexpr, BLOCK_HALF: tl.constexpr):
+                            HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, PDL: tl.constexpr):
+        await_predecessor(PDL)
         token = tl.program_id(0)
         head = tl.program_id(1)
         _norm_rotate_head(x_ptr + token * stride_token + head * stride_head,
@@ -178,7 +181,8 @@ if triton is not None:
                                        NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
                                        HAS_NORM: tl.constexpr, ZERO_CENTERED: tl.constexpr,
                                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                                       HALF: tl.constexpr, BLOCK_HALF: tl.constexpr):
+                                       HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, PDL: tl.constexpr):
+        await_predecessor(PDL)
         # programs (token, h): h < NUM_HEADS a query head, then the key heads, then the values
         token = tl.program_id(0).to(tl.int64)
         head = tl.program_id(1)

@@ -28,10 +28,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from omniwalk.kernels.triton_support import triton
+from omniwalk.kernels.triton_support import pdl_launch, triton
 
 if triton is not None:
     import triton.language as tl
+
+    from omniwalk.kernels.triton_support import await_predecessor
 
 
 def paged_attention(
@@ -75,12 +77,12 @@ def paged_attention(
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_M=block_m, ROWS=rows, BLOCK_N=(SPLIT_BLOCK_N if splits > 1 else 64) if page_size <= 64 else page_size,
         PAGE=page_size, SPLITS=splits,
-        **launch,
+        **launch, **pdl_launch(query),
     )
     if splits > 1:
         _merge_splits_kernel[(num_tokens, num_heads)](
             partial_acc, partial_stats, out, out.stride(0), out.stride(1),
-            SPLITS=splits, HEAD_DIM=head_dim, BLOCK_D=block_d, num_warps=1)
+            SPLITS=splits, HEAD_DIM=head_dim, BLOCK_D=block_d, num_warps=1, **pdl_launch(query))
     return out
 
 
@@ -150,7 +152,9 @@ if triton is not None:
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
         BLOCK_M: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
         SPLITS: tl.constexpr,
+        PDL: tl.constexpr,
     ):
+        await_predecessor(PDL)
         # KV heads vary fastest: programs that run together read the same slots' rows (one
         # slot holds every head's key), 3x faster at short decode contexts than sequence-first
         kv_head = tl.program_id(0)
@@ -222,8 +226,9 @@ if triton is not None:
 
     @triton.jit
     def _merge_splits_kernel(partial_acc_ptr, partial_stats_ptr, out_ptr, stride_o_token, stride_o_head,
-                             SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+                             SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
         """out[token, head] from its SPLITS partials: each rescaled to the overall max."""
+        await_predecessor(PDL)
         token = tl.program_id(0)
         head = tl.program_id(1)
         row = (token * tl.num_programs(1) + head) * SPLITS + tl.arange(0, SPLITS)

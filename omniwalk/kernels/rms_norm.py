@@ -20,10 +20,12 @@ import torch
 import torch.nn.functional as F
 
 from omniwalk.kernels.fp8 import FP8_DTYPE, FP8_MAX, MIN_SCALE, Fp8Rows
-from omniwalk.kernels.triton_support import triton, use_triton
+from omniwalk.kernels.triton_support import pdl_launch, triton, use_triton
 
 if triton is not None:
     import triton.language as tl
+
+    from omniwalk.kernels.triton_support import await_predecessor
 
     from omniwalk.kernels.fp8 import quantize_block
 
@@ -71,7 +73,7 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
     out = torch.empty_like(x)
     _gated_rms_norm_kernel[(tokens * heads,)](
         x, gate, weight, out, heads, gate.stride(0), gate.stride(1), eps, width,
-        BLOCK=triton.next_power_of_2(width))
+        BLOCK=triton.next_power_of_2(width), **pdl_launch(x))
     return out
 
 
@@ -87,7 +89,7 @@ def _launch_norm(x, residual, weight, eps, zero_centered=False, quantize=False):
         x2, residual2, weight, out, residual_out, scale,
         x2.stride(0), residual2.stride(0), eps, width, FP8_MAX, 1.0 / FP8_MAX, MIN_SCALE,
         HAS_RESIDUAL=residual is not None, ZERO_CENTERED=zero_centered, QUANTIZE=quantize,
-        BLOCK=triton.next_power_of_2(width),
+        BLOCK=triton.next_power_of_2(width), **pdl_launch(x),
     )
     normed = Fp8Rows(out, scale, x.dtype) if quantize else out.view(shape)
     return normed, (residual_out.view(shape) if residual is not None else None)
@@ -109,7 +111,8 @@ if triton is not None:
     def _add_rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr, scale_ptr,
                              stride_x, stride_residual, eps, width, fp8_max, inverse_fp8_max, min_scale,
                              HAS_RESIDUAL: tl.constexpr, ZERO_CENTERED: tl.constexpr, QUANTIZE: tl.constexpr,
-                             BLOCK: tl.constexpr):
+                             BLOCK: tl.constexpr, PDL: tl.constexpr):
+        await_predecessor(PDL)
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         mask = cols < width
@@ -131,7 +134,8 @@ if triton is not None:
 
     @triton.jit
     def _gated_rms_norm_kernel(x_ptr, gate_ptr, weight_ptr, out_ptr, heads, stride_gate_token, stride_gate_head,
-                               eps, width, BLOCK: tl.constexpr):
+                               eps, width, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        await_predecessor(PDL)
         row = tl.program_id(0)   # token * heads + head
         cols = tl.arange(0, BLOCK)
         mask = cols < width

@@ -20,10 +20,12 @@ import math
 
 import torch
 
-from omniwalk.kernels.triton_support import triton
+from omniwalk.kernels.triton_support import pdl_launch, triton
 
 if triton is not None:
     import triton.language as tl
+
+    from omniwalk.kernels.triton_support import await_predecessor
 
 BLOCK = 1024
 
@@ -93,7 +95,7 @@ def race_argmax(scaled: torch.Tensor, low: torch.Tensor, high: torch.Tensor,
     if rows:
         ids = token_ids if token_ids is not None else scaled   # unread without HAS_IDS
         _race_kernel[(rows,)](scaled, low, high, ids, out, columns, scaled.stride(0), ids.stride(0),
-                              HAS_IDS=token_ids is not None, BLOCK=BLOCK)
+                              HAS_IDS=token_ids is not None, BLOCK=BLOCK, **pdl_launch(scaled))
     return out
 
 
@@ -113,7 +115,8 @@ if triton is not None:
     # (~0.25-0.4 s, in a step) when they stop being multiples of 16.
     @triton.jit(do_not_specialize=["vocab", "stride_row", "stride_ids_row"])
     def _race_kernel(scaled_ptr, low_ptr, high_ptr, ids_ptr, out_ptr, vocab, stride_row, stride_ids_row,
-                     HAS_IDS: tl.constexpr, BLOCK: tl.constexpr):
+                     HAS_IDS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        await_predecessor(PDL)
         row = tl.program_id(0)
         low = tl.load(low_ptr + row).to(tl.uint32)
         high = tl.load(high_ptr + row).to(tl.uint32)

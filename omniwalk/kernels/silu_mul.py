@@ -12,10 +12,12 @@ import torch
 import torch.nn.functional as F
 
 from omniwalk.kernels.fp8 import FP8_DTYPE, FP8_MAX, MIN_SCALE, Fp8Rows
-from omniwalk.kernels.triton_support import triton, use_triton
+from omniwalk.kernels.triton_support import pdl_launch, triton, use_triton
 
 if triton is not None:
     import triton.language as tl
+
+    from omniwalk.kernels.triton_support import await_predecessor
 
     from omniwalk.kernels.fp8 import quantize_block
 
@@ -31,14 +33,14 @@ def silu_and_mul(gate: torch.Tensor, up: torch.Tensor, quantize: bool = False) -
         scale = torch.empty((rows, 1), dtype=torch.float32, device=gate.device)
         block = triton.next_power_of_2(width)
         _silu_mul_kernel[(rows, 1)](gate2, up2, out, gate2.stride(0), up2.stride(0), width, scale,
-                                    FP8_MAX, 1.0 / FP8_MAX, MIN_SCALE, BLOCK=block, QUANTIZE=True,
+                                    FP8_MAX, 1.0 / FP8_MAX, MIN_SCALE, BLOCK=block, QUANTIZE=True, **pdl_launch(gate),
                                     num_warps=max(4, min(16, block // 512)))
         return Fp8Rows(out, scale, gate.dtype)
     out = torch.empty_like(gate)
     out2 = out.view(-1, gate.shape[-1])
     block = min(4096, triton.next_power_of_2(width))
     _silu_mul_kernel[(rows, triton.cdiv(width, block))](
-        gate2, up2, out2, gate2.stride(0), up2.stride(0), width, out2, 0.0, 0.0, 0.0, BLOCK=block, QUANTIZE=False)
+        gate2, up2, out2, gate2.stride(0), up2.stride(0), width, out2, 0.0, 0.0, 0.0, BLOCK=block, QUANTIZE=False, **pdl_launch(gate))
     return out
 
 
@@ -46,7 +48,8 @@ if triton is not None:
 
     @triton.jit
     def _silu_mul_kernel(gate_ptr, up_ptr, out_ptr, stride_gate, stride_up, width,
-                         scale_ptr, fp8_max, inverse_fp8_max, min_scale, BLOCK: tl.constexpr, QUANTIZE: tl.constexpr):
+                         scale_ptr, fp8_max, inverse_fp8_max, min_scale, BLOCK: tl.constexpr, QUANTIZE: tl.constexpr, PDL: tl.constexpr):
+        await_predecessor(PDL)
         row = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = cols < width

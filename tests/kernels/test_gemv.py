@@ -23,6 +23,15 @@ def test_gemv_matches_linear(rows, n, k, bias):
                                atol=1e-4, rtol=1e-5)
 
 
+@pytest.mark.parametrize("rows", [1, 3])
+def test_gemv_with_preloaded_weights_matches_linear(rows):
+    # the one-block layout PDL launches take: all of K read at once, before the wait
+    gen = torch.Generator().manual_seed(rows)
+    x, weight, b = torch.randn(rows, 600, generator=gen), torch.randn(17, 600, generator=gen), torch.randn(17, generator=gen)
+    torch.testing.assert_close(gemv(x, weight, b, tiles=(4, 64, 4, 3), preload=True),
+                               torch.nn.functional.linear(x, weight, b), atol=1e-4, rtol=1e-5)
+
+
 def test_more_rows_fall_back_to_linear():
     x, weight = torch.randn(9, 16), torch.randn(8, 16)
     torch.testing.assert_close(gemv(x, weight), x @ weight.T)
