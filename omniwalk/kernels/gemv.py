@@ -23,8 +23,9 @@ if triton is not None:
 GEMV_MAX_ROWS = 4
 #: (BLOCK_N, BLOCK_K, num_warps, num_stages) for one row and for 2-4, from an H200 sweep
 GEMV_TILES = {1: (2, 1024, 4, 3), 4: (4, 1024, 4, 4)}
-#: the widest output the GEMV takes for one row and for 2-4 (docs/benchmarks.md, "GEMV")
-GEMV_MAX_OUTPUTS = {1: 4096, 4: 1024}
+#: the widest output the GEMV takes for one row and for 2-4 (docs/benchmarks.md, "GEMV";
+#: one row to 8,192 since PDL: the Thinker's qkv, 5,120 wide, then beat cuBLAS)
+GEMV_MAX_OUTPUTS = {1: 8192, 4: 1024}
 #: with PDL, a program whose weights fit this many elements reads them all before it waits
 #: for the previous kernel (no kernel writes weights): a one-row decode step's projections
 GEMV_PRELOAD_ELEMENTS = 8192
@@ -32,7 +33,7 @@ GEMV_PRELOAD_ELEMENTS = 8192
 
 def gemv_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `gemv` takes this product: a few half-precision rows on CUDA, where it beat
-    cuBLAS on the H200 (docs/benchmarks.md, "GEMV"): one row into at most 4,096 outputs,
+    cuBLAS on the H200 (docs/benchmarks.md, "GEMV"): one row into at most 8,192 outputs,
     2-4 rows into at most 1,024. Wider outputs give cuBLAS's tiles enough programs."""
     rows = x.shape[0] if x.dim() == 2 else GEMV_MAX_ROWS + 1
     return (use_triton(x) and 0 < rows <= GEMV_MAX_ROWS
