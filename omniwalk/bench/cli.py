@@ -197,16 +197,10 @@ def backend_factory(args: argparse.Namespace):
             return OpenAICompletionsBackend(args.url, args.model, args.ignore_eos, args.request_timeout)
         yield f"{args.url} /v1/completions, model {args.model!r}", None, make
         return
-    from omniwalk.api import Engine
+    from omniwalk.bench.modes import in_process_engine   # modes.py builds on this module
 
-    engine = Engine(_engine_args(args))
-    try:
-        loaded = engine.loaded
-        yield (f"in-process {loaded.name} ({loaded.dtype}, {loaded.device}, max_num_seqs "
-               f"{engine.args.max_num_seqs}, engine loop {_where(engine)})", engine,
-               lambda: InProcessBackend(engine, args.ignore_eos))
-    finally:
-        engine.shutdown()
+    with in_process_engine(args) as (engine, description):
+        yield description, engine, lambda: InProcessBackend(engine, args.ignore_eos)
 
 
 async def _phases(make_backend, warmup, measured, gaps, concurrency, label, show_progress):

@@ -212,7 +212,3 @@ def format_tts_summary(title: str, s: TTSSummary) -> str:
         lines.append(f"  failed #{item['index']}: [{item['kind']}] {item['message']}")
     return "\n".join(lines)
 
-
-def format_tts_definitions() -> str:
-    width = max(map(len, TTS_DEFINITIONS))
-    return "\n".join(["metric definitions:"] + [f"  {k:<{width}}  {v}" for k, v in TTS_DEFINITIONS.items()])
