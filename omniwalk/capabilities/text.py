@@ -219,6 +219,10 @@ class TextFrontend(Frontend):
     voices: tuple[str, ...] = ()
     audio_sample_rate: int | None = None
 
+    def audio_samples(self, frames: int) -> int | None:
+        """Samples a spoken answer of `frames` codec frames has; None for a model that does not speak."""
+        return None
+
     def __init__(self, *, tokenizer, vocab_size: int, max_model_len: int, kv_capacity_tokens: int,
                  eos_token_ids: frozenset[int], stream: str, make_prompt: Callable[[list[int]], Any]):
         self.tokenizer = tokenizer

@@ -395,6 +395,7 @@ class _View:
         include_usage = bool(self.body.stream_options and self.body.stream_options.include_usage)
         continuous = bool(self.body.stream_options and self.body.stream_options.continuous_usage_stats)
         counts = [0] * len(self.generation.streams)
+        frames = [0] * len(self.generation.streams)   # a spoken answer's, from each choice's final usage
         for payload in self.opening():
             yield _sse(self._with_usage(payload, include_usage))
         failed = False
@@ -406,6 +407,8 @@ class _View:
                     failed = True
                     break   # closing `chunks` aborts the other choices
                 counts[index] += len(chunk.token_ids)
+                if chunk.finished and chunk.usage is not None:
+                    frames[index] = chunk.usage.audio_frames
                 if not self.worth_sending(chunk):
                     continue
                 payload = self._envelope(self.chunk_object_name, [self.delta(index, chunk)])
@@ -414,7 +417,8 @@ class _View:
                 yield _sse(self._with_usage(payload, include_usage))
         if include_usage and not failed:
             payload = self._envelope(self.chunk_object_name, [])
-            payload["usage"] = _usage(self.prompt_tokens(), sum(counts))
+            spoken = getattr(self.body, "audio", None) is not None
+            payload["usage"] = _usage(self.prompt_tokens(), sum(counts), sum(frames) if spoken else None)
             yield _sse(payload)
         yield "data: [DONE]\n\n"
 
