@@ -26,8 +26,11 @@ TALKER_SAMPLING = SamplingParams(temperature=0.9, top_k=50, repetition_penalty=1
 @dataclass(frozen=True)
 class SpeechOutput:
     """Speak the answer as well (a model whose text frontend has `voices`): in `voice`, at
-    most `max_frames` codec frames (None: up to the model's limit). The audio is 16-bit PCM,
-    mono, at the frontend's `audio_sample_rate`; `audio_samples(frames)` says how many."""
+    most `max_frames` codec frames (None: up to the model's limit). The codec's EOS ends the
+    audio sooner (it counts as a frame, unheard), unless the request's `ignore_eos`, which
+    ignores it as it ignores the text's EOS: then exactly `max_frames` (a benchmark's fixed
+    length). The audio is 16-bit PCM, mono, at the frontend's `audio_sample_rate`;
+    `audio_samples(frames)` says how many."""
 
     voice: str
     max_frames: int | None = None

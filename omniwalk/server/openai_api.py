@@ -26,7 +26,9 @@ Spoken answers (a model whose text frontend has voices: Qwen3-Omni with its Talk
 OpenAI's chat audio: `modalities: ["text", "audio"]` and `audio: {"voice", "format"}`
 (`wav` or `pcm16`: 16-bit mono PCM at the model's rate, 24 kHz; a stream only `pcm16`),
 plus omniwalk's `audio.max_frames` (codec frames, 12.5 a second; exactly that many unless
-the codec's EOS ends the speech first; the samples: max_frames * 1920 - 555 on Qwen3-Omni).
+the codec's EOS ends the speech first, which `ignore_eos` ignores as it ignores the text's;
+the samples: max_frames * 1920 - 555 on Qwen3-Omni). `usage.completion_tokens_details`
+counts text tokens and audio frames, streamed (`stream_options.include_usage`) or not.
 The message's `content` is null and `audio` carries `id`, base64 `data`, `expires_at` and
 the text as `transcript`; streamed, each delta's `audio` carries the new samples and text.
 Voices are case-insensitive; others, and audio on a model that cannot speak, are a 400.
