@@ -24,7 +24,7 @@ from omniwalk.bench.backends import served_model_name
 from omniwalk.bench.modes import ModeFigures, in_process_engine, resolve_concurrencies, run_mode
 from omniwalk.bench.tts_backends import InProcessSpeechBackend, SpeechSSEBackend, TTSRequest
 from omniwalk.bench.tts_metrics import TTS_DEFINITIONS, format_tts_summary, summarize_tts
-from omniwalk.bench.workload import MEASURED, WARMUP, LengthRange, arrival_gaps, read_prompts
+from omniwalk.bench.workload import MEASURED, WARMUP, LengthRange, read_prompts
 
 DEFAULT_TTS_MODEL = "tiny-orpheus"
 DEFAULT_TTS_VOICE = "tara"
