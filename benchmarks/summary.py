@@ -4,7 +4,8 @@
 
 One block per file: where it ran (commit, GPU, date), the command, then one row per run.
 Text runs: output tok/s, TTFT, TPOT, ITL, failures, and any HF baseline of the same call;
-TTS runs (--tts): audio s per wall s, streaming-viable requests, TTFA, RTF; ASR runs
+TTS runs (--tts): audio s per wall s, streaming-viable requests, TTFA, RTF; chat with audio
+out (--speak): those and the text's TTFT and tok/s; ASR runs
 (--asr): requests/s, audio s per wall s, RTFs, TTFT, latency. Standard library only.
 """
 
@@ -60,6 +61,21 @@ def _tts_rows(data: dict) -> list[str]:
     return rows
 
 
+def _speak_rows(data: dict) -> list[str]:
+    head = ["c", "audio s per wall s", "streaming viable", "TTFA p50 / p90 (ms)", "RTF p50 / p90", "TTFT p50 (ms)",
+            "text tok/s", "failed"]
+    rows = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for run in data["runs"]:
+        s = run["summary"]
+        lat = s.get("latency_ms") or {}
+        cells = [str(run.get("concurrency")), _num(s.get("audio_throughput"), 2),
+                 f"{s.get('num_viable')} of {s.get('num_with_audio')}", _pair(lat.get("ttfa"), ("p50", "p90")),
+                 _pair(s.get("rtf"), ("p50", "p90"), 3), _num((lat.get("ttft") or {}).get("p50")),
+                 _num(s.get("output_throughput")), f"{s.get('num_failed', 0)} of {s.get('num_requests')}"]
+        rows.append("| " + " | ".join(cells) + " |")
+    return rows
+
+
 def _asr_rows(data: dict) -> list[str]:
     head = ["c", "requests/s", "audio s per wall s", "run RTF", "request RTF p50 / p90", "TTFT p50 / p90 (ms)",
             "latency p50 (ms)", "failed"]
@@ -79,7 +95,7 @@ def summarize(path: str) -> str:
         data = json.load(f)
     machine = data.get("machine") or {}
     mode = data.get("mode") or "text"
-    rows = {"tts": _tts_rows, "asr": _asr_rows}.get(mode, _text_rows)(data)
+    rows = {"tts": _tts_rows, "speak": _speak_rows, "asr": _asr_rows}.get(mode, _text_rows)(data)
     where = (f"{path}: commit {machine.get('omniwalk_commit')}, {machine.get('gpu_count')} x {machine.get('gpu')}, "
              f"{machine.get('cpu_count')} CPUs, torch {machine.get('torch')}, {data.get('date')}")
     return "\n".join([where, f"  {data.get('command')}", *rows])

@@ -9,6 +9,8 @@
         (audio in, text out: one synthetic clip per request; over HTTP through /generate)
     omniwalk bench --tts --url http://127.0.0.1:8000 --concurrency 1,16 --output-len 700 --ignore-eos
         (text to speech: time to first audio, real-time factor, streaming viability; see tts.py)
+    omniwalk bench --speak --model tiny-qwen3-omni --concurrency 1,8 --output-len 32 --audio-frames 64 --ignore-eos
+        (chat answered in text and audio: TTFT, time to first audio, RTF, viability; see speak.py)
     omniwalk bench --asr --model tiny-whisper --concurrency 1,4 --audio-seconds 30 --output-len 64
         (speech recognition, in-process: requests/s, real-time factors; see asr.py)
 
@@ -106,10 +108,12 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     baseline.add_argument("--hf-max-batches", type=int, default=3,
                           help="timed batches per batch size, at most (0: every request, in ceil(n / c) batches)")
 
-    from omniwalk.bench.asr import add_asr_arguments   # asr.py and tts.py build on this module
+    from omniwalk.bench.asr import add_asr_arguments   # asr.py, tts.py and speak.py build on this module
+    from omniwalk.bench.speak import add_speak_arguments
     from omniwalk.bench.tts import add_tts_arguments
 
     add_tts_arguments(parser)
+    add_speak_arguments(parser)
     add_asr_arguments(parser)
 
 
@@ -197,16 +201,10 @@ def backend_factory(args: argparse.Namespace):
             return OpenAICompletionsBackend(args.url, args.model, args.ignore_eos, args.request_timeout)
         yield f"{args.url} /v1/completions, model {args.model!r}", None, make
         return
-    from omniwalk.api import Engine
+    from omniwalk.bench.modes import in_process_engine   # modes.py builds on this module
 
-    engine = Engine(_engine_args(args))
-    try:
-        loaded = engine.loaded
-        yield (f"in-process {loaded.name} ({loaded.dtype}, {loaded.device}, max_num_seqs "
-               f"{engine.args.max_num_seqs}, engine loop {_where(engine)})", engine,
-               lambda: InProcessBackend(engine, args.ignore_eos))
-    finally:
-        engine.shutdown()
+    with in_process_engine(args) as (engine, description):
+        yield description, engine, lambda: InProcessBackend(engine, args.ignore_eos)
 
 
 async def _phases(make_backend, warmup, measured, gaps, concurrency, label, show_progress):
@@ -286,7 +284,7 @@ def resolve_result_path(args: argparse.Namespace) -> None:
     """`--save-result` (vLLM's flag) as `--json`: the path from --result-dir and --result-filename."""
     if not getattr(args, "save_result", False) or args.json:
         return
-    mode = "tts" if getattr(args, "tts", False) else "asr" if getattr(args, "asr", False) else "text"
+    mode = next((m for m in ("tts", "speak", "asr") if getattr(args, m, False)), "text")
     name = args.result_filename or \
         f"omniwalk-bench-{mode}-{Path(args.model or 'served').name}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     args.json = str(Path(args.result_dir) / name)
@@ -294,6 +292,12 @@ def resolve_result_path(args: argparse.Namespace) -> None:
 
 def run_bench(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     resolve_result_path(args)
+    if getattr(args, "speak", False):
+        from omniwalk.bench.speak import run_speak_bench
+
+        return run_speak_bench(args, argv)
+    if getattr(args, "audio_frames", None) is not None:
+        raise ValueError("--audio-frames is the frame budget of --speak")
     if getattr(args, "tts", False):
         from omniwalk.bench.tts import run_tts_bench
 

@@ -118,9 +118,9 @@ def format_hf(hf: dict) -> list[str]:
     return lines
 
 
-def format_definitions() -> str:
-    width = max(map(len, DEFINITIONS))
-    return "\n".join(["metric definitions:"] + [f"  {k:<{width}}  {v}" for k, v in DEFINITIONS.items()])
+def format_definitions(definitions: dict[str, str] = DEFINITIONS) -> str:
+    width = max(map(len, definitions))
+    return "\n".join(["metric definitions:"] + [f"  {k:<{width}}  {v}" for k, v in definitions.items()])
 
 
 def failure_banner(failed: int, total: int, where: str) -> str:

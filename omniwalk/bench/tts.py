@@ -16,23 +16,18 @@ frame (2048 samples = 85.3 ms of 24 kHz audio per frame for Orpheus). Texts come
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
-import shlex
-import sys
-from dataclasses import asdict
 
 import numpy as np
 
 from omniwalk.bench.backends import served_model_name
-from omniwalk.bench.cli import _arrival_label, _engine_args, _phases, parse_concurrency
-from omniwalk.bench.report import exit_status, machine_info, now_iso, run_summary_where, write_json
-from omniwalk.bench.runner import PhaseResult
+from omniwalk.bench.modes import ModeFigures, in_process_engine, resolve_concurrencies, run_mode
 from omniwalk.bench.tts_backends import InProcessSpeechBackend, SpeechSSEBackend, TTSRequest
-from omniwalk.bench.tts_metrics import TTS_DEFINITIONS, format_tts_definitions, format_tts_summary, summarize_tts
-from omniwalk.bench.workload import MEASURED, WARMUP, LengthRange, arrival_gaps, read_prompts
+from omniwalk.bench.tts_metrics import TTS_DEFINITIONS, format_tts_summary, summarize_tts
+from omniwalk.bench.workload import MEASURED, WARMUP, LengthRange, read_prompts
 
 DEFAULT_TTS_MODEL = "tiny-orpheus"
+DEFAULT_TTS_VOICE = "tara"
 DEFAULT_TTS_REQUESTS = 32
 
 TEXTS = (
@@ -52,7 +47,9 @@ def add_tts_arguments(parser: argparse.ArgumentParser) -> None:
     tts.add_argument("--tts", action="store_true",
                      help="TTS mode: /v1/audio/speech with stream_format=sse (or in-process Engine.submit); "
                           "--output-len is then max_output_tokens in audio codes, --prompts-file the texts")
-    tts.add_argument("--voice", default="tara", help="--tts: the voice of every request")
+    tts.add_argument("--voice", default=None,
+                     help=f"--tts, --speak: the voice of every request (default: {DEFAULT_TTS_VOICE} with --tts, "
+                          "Ethan with --speak)")
 
 
 def tts_requests(num: int, output_len: LengthRange, seed: int, stream: int = MEASURED,
@@ -82,39 +79,11 @@ def tts_backend_factory(args: argparse.Namespace):
             return SpeechSSEBackend(args.url, args.model, args.voice, args.ignore_eos, args.request_timeout)
         yield f"{args.url} /v1/audio/speech (sse), model {args.model!r}", None, make
         return
-    from omniwalk.api import Engine
-
-    engine = Engine(_engine_args(args))
-    try:
-        loaded = engine.loaded
-        yield (f"in-process {loaded.name} speech ({loaded.dtype}, {loaded.device}, max_num_seqs "
-               f"{engine.args.max_num_seqs}, engine loop "
-               f"{'in its own process' if engine.in_engine_process else 'on a thread'})", engine, lambda: InProcessSpeechBackend(engine, args.voice,
-                                                                                       args.ignore_eos))
-    finally:
-        engine.shutdown()
+    with in_process_engine(args, "speech") as (engine, description):
+        yield description, engine, lambda: InProcessSpeechBackend(engine, args.voice, args.ignore_eos)
 
 
-def _one_run(args, make_backend, warmup, measured, concurrency) -> dict:
-    label = _arrival_label(concurrency, args.request_rate)
-    gaps = arrival_gaps(len(measured), args.request_rate, args.seed)
-    warm, result = asyncio.run(_phases(make_backend, warmup, measured, gaps, concurrency, label,
-                                       not args.no_progress))
-    summary = summarize_tts(result.records, result.start, result.end, args.ignore_eos)
-    print(format_tts_summary(f"omniwalk bench --tts: {label}", summary), flush=True)
-    warm_summary = _warmup_summary(warm, args.ignore_eos)
-    if warm_summary and warm_summary["num_failed"]:
-        print(f"  WARMUP: {warm_summary['num_failed']} of {warm_summary['num_requests']} requests failed",
-              flush=True)
-    return {"concurrency": concurrency, "request_rate": args.request_rate, "arrivals": label,
-            "summary": summary.to_dict(), "warmup": warm_summary}
-
-
-def _warmup_summary(warm: PhaseResult | None, ignore_eos: bool) -> dict | None:
-    if warm is None:
-        return None
-    summary = summarize_tts(warm.records, warm.start, warm.end, ignore_eos)
-    return {"num_requests": summary.num_requests, "num_failed": summary.num_failed, "failures": summary.failures}
+TTS_FIGURES = ModeFigures("tts", "--tts", summarize_tts, format_tts_summary, TTS_DEFINITIONS)
 
 
 def run_tts_bench(args: argparse.Namespace, argv: list[str] | None = None) -> int:
@@ -123,39 +92,17 @@ def run_tts_bench(args: argparse.Namespace, argv: list[str] | None = None) -> in
         raise ValueError("--baseline is for text generation, not --tts")
     if args.audio_seconds is not None:
         raise ValueError("--audio-seconds is for text workloads (audio in, text out) and --asr, not --tts")
-    concurrencies = parse_concurrency(args.concurrency)
-    if concurrencies is None:
-        concurrencies = [None] if args.request_rate is not None else [1]
+    resolve_concurrencies(args)   # bad values fail before anything loads
     if args.url and args.model is None:
         args.model = served_model_name(args.url)
     args.model = args.model or DEFAULT_TTS_MODEL
+    args.voice = args.voice or DEFAULT_TTS_VOICE
     num = args.num_requests or DEFAULT_TTS_REQUESTS
     if num < 1 or args.warmup < 0:
         raise ValueError("--num-requests must be >= 1 and --warmup >= 0")
     output_len, texts = LengthRange.parse(args.output_len), _texts(args)
     warmup = tts_requests(args.warmup, output_len, args.seed, WARMUP, texts)
     measured = tts_requests(num, output_len, args.seed, MEASURED, texts)
-
-    runs = []
-    with tts_backend_factory(args) as (target, engine, make_backend):
-        print(f"target: {target}", flush=True)
-        for concurrency in concurrencies:
-            runs.append(_one_run(args, make_backend, warmup, measured, concurrency))
-        engine_args = asdict(engine.args) if engine is not None else None
-
-    print(format_tts_definitions())
-    failed = sum(r["summary"]["num_failed"] + ((r["warmup"] or {}).get("num_failed") or 0) for r in runs)
-    sent = sum(r["summary"]["num_requests"] + ((r["warmup"] or {}).get("num_requests") or 0) for r in runs)
-    if args.json:
-        argv = list(sys.argv[1:] if argv is None else argv)
-        write_json(args.json, {
-            "command": "omniwalk " + shlex.join(argv), "argv": argv, "date": now_iso(), "mode": "tts",
-            "machine": machine_info(), "config": {
-                "target": target, "url": args.url, "model": args.model, "engine_args": engine_args,
-                "voice": args.voice, "output_len": args.output_len, "prompts_file": args.prompts_file,
-                "num_requests": num, "warmup": args.warmup, "seed": args.seed, "ignore_eos": args.ignore_eos,
-                "concurrency": concurrencies, "request_rate": args.request_rate,
-            },
-            "definitions": TTS_DEFINITIONS, "failed": failed > 0, "num_failed": failed, "runs": runs,
-        })
-    return exit_status(failed, sent, run_summary_where(runs))
+    config = {"voice": args.voice, "output_len": args.output_len, "prompts_file": args.prompts_file,
+              "num_requests": num}
+    return run_mode(args, argv, TTS_FIGURES, tts_backend_factory, warmup, measured, config)

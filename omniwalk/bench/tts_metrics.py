@@ -183,7 +183,8 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value * 1e3:.2f}"
 
 
-def _row(name: str, stats: Stats, scale=_ms, note: str = "") -> str:
+def latency_row(name: str, stats: Stats, scale=_ms, note: str = "") -> str:
+    """One row of a latency table: mean, p50, p90, p99, count (`scale`: how a value prints)."""
     cells = "".join(f"{scale(v):>10}" for v in (stats.mean, stats.p50, stats.p90, stats.p99))
     return f"  {name:<22}{cells}{stats.count:>10}  {note}".rstrip()
 
@@ -202,17 +203,13 @@ def format_tts_summary(title: str, s: TTSSummary) -> str:
         f"  request throughput    {s.request_throughput:.2f} req/s",
         f"  streaming viable      {viable} ({s.num_viable} of {s.num_with_audio} requests with audio)",
         f"  {'latency (ms)':<22}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}{'samples':>10}",
-        _row("TTFA", s.ttfa),
-        _row("E2E", s.e2e),
-        _row("stall", s.stall, note="(0: viable)"),
-        _row("RTF (E2E / audio)", s.rtf, scale=lambda v: "-" if v is None else f"{v:.3f}",
+        latency_row("TTFA", s.ttfa),
+        latency_row("E2E", s.e2e),
+        latency_row("stall", s.stall, note="(0: viable)"),
+        latency_row("RTF (E2E / audio)", s.rtf, scale=lambda v: "-" if v is None else f"{v:.3f}",
              note="(< 1: faster than real time)"),
     ]
     for item in s.failures[:5]:
         lines.append(f"  failed #{item['index']}: [{item['kind']}] {item['message']}")
     return "\n".join(lines)
 
-
-def format_tts_definitions() -> str:
-    width = max(map(len, TTS_DEFINITIONS))
-    return "\n".join(["metric definitions:"] + [f"  {k:<{width}}  {v}" for k, v in TTS_DEFINITIONS.items()])

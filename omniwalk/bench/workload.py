@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 # seed streams: one generator per purpose, so changing one draw never shifts another
-MEASURED, WARMUP, ARRIVALS, AUDIO = 0, 1, 2, 3
+MEASURED, WARMUP, ARRIVALS, AUDIO, SPEECH = 0, 1, 2, 3, 4   # SPEECH: --speak's frame budgets and seeds
 
 SAMPLE_RATE = 16000          # of every synthetic clip (mono float32)
 MAX_AUDIO_SECONDS = 600.0

@@ -26,8 +26,11 @@ TALKER_SAMPLING = SamplingParams(temperature=0.9, top_k=50, repetition_penalty=1
 @dataclass(frozen=True)
 class SpeechOutput:
     """Speak the answer as well (a model whose text frontend has `voices`): in `voice`, at
-    most `max_frames` codec frames (None: up to the model's limit). The audio is 16-bit PCM,
-    mono, at the frontend's `audio_sample_rate`; `audio_samples(frames)` says how many."""
+    most `max_frames` codec frames (None: up to the model's limit). The codec's EOS ends the
+    audio sooner (it counts as a frame, unheard), unless the request's `ignore_eos`, which
+    ignores it as it ignores the text's EOS: then exactly `max_frames` (a benchmark's fixed
+    length). The audio is 16-bit PCM, mono, at the frontend's `audio_sample_rate`;
+    `audio_samples(frames)` says how many."""
 
     voice: str
     max_frames: int | None = None
@@ -218,6 +221,10 @@ class TextFrontend(Frontend):
     #: audio's sample rate; a model that speaks says (Qwen3-Omni with its Talker)
     voices: tuple[str, ...] = ()
     audio_sample_rate: int | None = None
+
+    def audio_samples(self, frames: int) -> int | None:
+        """Samples a spoken answer of `frames` codec frames has; None for a model that does not speak."""
+        return None
 
     def __init__(self, *, tokenizer, vocab_size: int, max_model_len: int, kv_capacity_tokens: int,
                  eos_token_ids: frozenset[int], stream: str, make_prompt: Callable[[list[int]], Any]):

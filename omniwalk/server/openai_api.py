@@ -26,7 +26,9 @@ Spoken answers (a model whose text frontend has voices: Qwen3-Omni with its Talk
 OpenAI's chat audio: `modalities: ["text", "audio"]` and `audio: {"voice", "format"}`
 (`wav` or `pcm16`: 16-bit mono PCM at the model's rate, 24 kHz; a stream only `pcm16`),
 plus omniwalk's `audio.max_frames` (codec frames, 12.5 a second; exactly that many unless
-the codec's EOS ends the speech first; the samples: max_frames * 1920 - 555 on Qwen3-Omni).
+the codec's EOS ends the speech first, which `ignore_eos` ignores as it ignores the text's;
+the samples: max_frames * 1920 - 555 on Qwen3-Omni). `usage.completion_tokens_details`
+counts text tokens and audio frames, streamed (`stream_options.include_usage`) or not.
 The message's `content` is null and `audio` carries `id`, base64 `data`, `expires_at` and
 the text as `transcript`; streamed, each delta's `audio` carries the new samples and text.
 Voices are case-insensitive; others, and audio on a model that cannot speak, are a 400.
@@ -395,6 +397,7 @@ class _View:
         include_usage = bool(self.body.stream_options and self.body.stream_options.include_usage)
         continuous = bool(self.body.stream_options and self.body.stream_options.continuous_usage_stats)
         counts = [0] * len(self.generation.streams)
+        frames = [0] * len(self.generation.streams)   # a spoken answer's, from each choice's final usage
         for payload in self.opening():
             yield _sse(self._with_usage(payload, include_usage))
         failed = False
@@ -406,6 +409,8 @@ class _View:
                     failed = True
                     break   # closing `chunks` aborts the other choices
                 counts[index] += len(chunk.token_ids)
+                if chunk.finished and chunk.usage is not None:
+                    frames[index] = chunk.usage.audio_frames
                 if not self.worth_sending(chunk):
                     continue
                 payload = self._envelope(self.chunk_object_name, [self.delta(index, chunk)])
@@ -414,7 +419,8 @@ class _View:
                 yield _sse(self._with_usage(payload, include_usage))
         if include_usage and not failed:
             payload = self._envelope(self.chunk_object_name, [])
-            payload["usage"] = _usage(self.prompt_tokens(), sum(counts))
+            spoken = getattr(self.body, "audio", None) is not None
+            payload["usage"] = _usage(self.prompt_tokens(), sum(counts), sum(frames) if spoken else None)
             yield _sse(payload)
         yield "data: [DONE]\n\n"
 

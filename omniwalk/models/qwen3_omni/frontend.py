@@ -25,6 +25,7 @@ from omniwalk.capabilities import Prepared
 from omniwalk.capabilities.text import GenerationRequest, TextFrontend
 from omniwalk.engine.sampler import SamplingParams
 from omniwalk.models.decoder_lm.model import WARMUP_PROMPT_TOKENS, WARMUP_REQUESTS, warmup_prompt
+from omniwalk.models.qwen3_omni.code2wav import emitted_samples
 from omniwalk.models.qwen3_omni.config import MEDIA_MARKER_TOKENS, TINY_MEDIA_TOKENS, ThinkerConfig
 from omniwalk.models.qwen3_omni.executors import ImagePatches, MediaSpan
 from omniwalk.models.qwen3_omni.media import AudioProcessor, ImageProcessor, audio_token_count, decode_image
@@ -55,6 +56,11 @@ class ThinkerTextFrontend(TextFrontend):
     def audio_sample_rate(self) -> int | None:
         speech = self.config.speech
         return speech.code2wav.sample_rate if speech is not None else None
+
+    def audio_samples(self, frames: int) -> int | None:
+        """F frames are F * 1920 - 555 samples on the released model (code2wav.emitted_samples)."""
+        speech = self.config.speech
+        return emitted_samples(speech.code2wav, frames) if speech is not None else None
 
     def prepare(self, request: GenerationRequest, request_id: str, draw_seed) -> Prepared:
         prepared = super().prepare(request, request_id, draw_seed)
