@@ -62,6 +62,23 @@ if triton is not None:
 MOE_BACKENDS = ("triton", "grouped_mm", "torch")
 
 
+@dataclass(frozen=True)
+class ExpertRows:
+    """The routed experts' weighted rows [T, k, H] before their sum over k. A block whose
+    output goes to an add+norm hands them over unsummed and the norm kernel sums them as
+    `sum_pairs` would (`kernels/rms_norm.py`): one kernel fewer per layer of a decode step."""
+
+    rows: torch.Tensor
+
+    def sum(self) -> torch.Tensor:
+        return sum_pairs(self.rows)
+
+
+def summed(x: torch.Tensor | ExpertRows) -> torch.Tensor:
+    """x as one row per token: ExpertRows summed, a tensor as it is."""
+    return x.sum() if isinstance(x, ExpertRows) else x
+
+
 # ----------------------------------------------------------------------------- routing
 
 def select_experts(router_logits: torch.Tensor, top_k: int, norm_topk_prob: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -106,10 +123,12 @@ def routing(router_logits: torch.Tensor, top_k: int, norm_topk_prob: bool) -> tu
 
 
 def moe_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-                gate_up_proj: torch.Tensor, down_proj: torch.Tensor, backend: str) -> torch.Tensor:
-    """The routed experts' weighted sum for each token: x [T, H] -> [T, H]."""
+                gate_up_proj: torch.Tensor, down_proj: torch.Tensor, backend: str,
+                unsummed: bool = False) -> torch.Tensor | ExpertRows:
+    """The routed experts' weighted sum for each token: x [T, H] -> [T, H]. `unsummed`: the
+    triton backend may return its ExpertRows instead, for an add+norm to sum."""
     if backend == "triton":
-        return fused_moe(x, topk_weights, topk_ids, gate_up_proj, down_proj)
+        return fused_moe(x, topk_weights, topk_ids, gate_up_proj, down_proj, unsummed=unsummed)
     if backend == "grouped_mm":
         return moe_experts_grouped_mm(x, topk_weights, topk_ids, gate_up_proj, down_proj)
     if backend == "torch":
@@ -265,8 +284,10 @@ def align_pairs_to_blocks_triton(topk_ids: torch.Tensor, num_experts: int, block
 
 
 def fused_moe(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-              gate_up_proj: torch.Tensor, down_proj: torch.Tensor, tiles: MoeTiles | None = None) -> torch.Tensor:
-    """The routed experts with two Triton grouped GEMMs: x [T, H] -> [T, H]. No host sync."""
+              gate_up_proj: torch.Tensor, down_proj: torch.Tensor, tiles: MoeTiles | None = None,
+              unsummed: bool = False) -> torch.Tensor | ExpertRows:
+    """The routed experts with two Triton grouped GEMMs: x [T, H] -> [T, H] (`unsummed`: the
+    ExpertRows [T, k, H] before the sum over k). No host sync."""
     num_tokens, top_k = topk_ids.shape
     num_experts, two_i, hidden = gate_up_proj.shape
     intermediate = two_i // 2
@@ -278,7 +299,8 @@ def fused_moe(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tenso
     topk_ids = topk_ids.reshape(-1).to(torch.int32)
     topk_weights = topk_weights.reshape(-1).contiguous()
     if tiles.gemv:
-        return _fused_moe_gemv(x, topk_weights, topk_ids, gate_up_proj, down_proj, tiles, top_k)
+        by_pair = _fused_moe_gemv(x, topk_weights, topk_ids, gate_up_proj, down_proj, tiles, top_k)
+        return _sum_unless(by_pair.view(num_tokens, top_k, hidden), unsummed)
     if tiles.masked:   # program (expert, n): the pairs routed to that expert, found by a compare
         if num_pairs > tiles.block_m:
             raise ValueError(f"masked tiles hold {tiles.block_m} pairs, not {num_pairs}")
@@ -293,11 +315,16 @@ def fused_moe(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tenso
             intermediate, hidden, a_row_divisor=top_k, gated=True, weighted=False, config=tiles.up, **common)
     _launch(activation, down_proj, by_pair, topk_weights, sorted_pairs, block_experts, num_blocks,
             hidden, intermediate, a_row_divisor=1, gated=False, weighted=True, config=tiles.down, **common)
-    return sum_pairs(by_pair.view(num_tokens, top_k, hidden))
+    return _sum_unless(by_pair.view(num_tokens, top_k, hidden), unsummed)
+
+
+def _sum_unless(by_pair: torch.Tensor, unsummed: bool) -> torch.Tensor | ExpertRows:
+    return ExpertRows(by_pair) if unsummed else sum_pairs(by_pair)
 
 
 def _fused_moe_gemv(x, topk_weights, topk_ids, gate_up_proj, down_proj, tiles: MoeTiles, top_k: int) -> torch.Tensor:
-    num_pairs, (num_tokens, hidden), intermediate = topk_ids.shape[0], x.shape, down_proj.shape[2]
+    """Each pair's weighted row [T * k, H]."""
+    num_pairs, hidden, intermediate = topk_ids.shape[0], x.shape[1], down_proj.shape[2]
     activation = torch.empty((num_pairs, intermediate), dtype=x.dtype, device=x.device)
     by_pair = torch.empty((num_pairs, hidden), dtype=x.dtype, device=x.device)
     for a, weight, out, n, k, divisor, gated, config in (
@@ -310,7 +337,7 @@ def _fused_moe_gemv(x, topk_weights, topk_ids, gate_up_proj, down_proj, tiles: M
             a, weight, out, topk_weights, topk_ids, n, k, a.stride(0), weight.stride(0), weight.stride(1),
             out.stride(0), A_ROW_DIVISOR=divisor, GATED=gated, WEIGHTED=not gated, BLOCK_N=block_n,
             BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages, **pdl_launch(x))
-    return sum_pairs(by_pair.view(num_tokens, top_k, hidden))
+    return by_pair
 
 
 def sum_pairs(by_pair: torch.Tensor) -> torch.Tensor:

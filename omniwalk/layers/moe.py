@@ -22,7 +22,7 @@ import os
 import torch
 from torch import nn
 
-from omniwalk.kernels.fused_moe import MOE_BACKENDS, moe_experts, select_experts
+from omniwalk.kernels.fused_moe import MOE_BACKENDS, ExpertRows, moe_experts, select_experts
 from omniwalk.kernels.triton_support import triton
 from omniwalk.layers.linear import Linear
 from omniwalk.layers.mlp import GatedMLP
@@ -59,17 +59,21 @@ class MoeExperts(nn.Module):
         }
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-                backend: str) -> torch.Tensor:
+                backend: str, unsummed: bool = False) -> torch.Tensor | ExpertRows:
         # x: [num_tokens, hidden]; topk_weights, topk_ids: [num_tokens, top_k]
-        return moe_experts(x, topk_weights, topk_ids, self.gate_up_proj, self.down_proj, backend)
+        return moe_experts(x, topk_weights, topk_ids, self.gate_up_proj, self.down_proj, backend, unsummed)
 
 
 class SparseMoeBlock(nn.Module):
+    """`sum_in_next_norm`: the block's output goes straight into an add+norm (a decoder layer's
+    MLP), which may then sum the experts' rows itself (`ExpertRows`, on CUDA)."""
+
     backend: str | None = None   # None: default_moe_backend of the input's device
 
     def __init__(self, hidden_size: int, moe_intermediate_size: int, num_experts: int, top_k: int,
-                 norm_topk_prob: bool):
+                 norm_topk_prob: bool, sum_in_next_norm: bool = False):
         super().__init__()
+        self.sum_in_next_norm = sum_in_next_norm
         if not 0 < top_k <= num_experts:
             raise ValueError(f"top_k={top_k} must be in [1, num_experts={num_experts}]")
         self.top_k = top_k
@@ -77,10 +81,10 @@ class SparseMoeBlock(nn.Module):
         self.gate = Linear(hidden_size, num_experts, bias=False)   # the router
         self.experts = MoeExperts(num_experts, hidden_size, moe_intermediate_size)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [num_tokens, hidden]
+    def forward(self, x: torch.Tensor) -> torch.Tensor | ExpertRows:  # x: [num_tokens, hidden]
         topk_weights, topk_ids = select_experts(self.gate(x), self.top_k, self.norm_topk_prob)
         backend = self.backend or default_moe_backend(x.device.type)
-        return self.experts(x, topk_weights, topk_ids, backend)
+        return self.experts(x, topk_weights, topk_ids, backend, self.sum_in_next_norm)
 
 
 class SharedExpertMoeBlock(SparseMoeBlock):

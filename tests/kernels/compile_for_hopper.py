@@ -19,8 +19,9 @@ QUANTIZE_ARGS = {"fp8_max": "fp32", "inverse_fp8_max": "fp32", "min_scale": "fp3
 def norm_signature(quantize: bool) -> dict:
     return {"x_ptr": "*bf16", "residual_ptr": "*bf16", "weight_ptr": "*bf16", "out_ptr": "*fp8e4nv" if quantize else "*bf16",
             "residual_out_ptr": "*bf16", "scale_ptr": "*fp32" if quantize else "*bf16", "stride_x": "i32",
-            "stride_residual": "i32", "eps": "fp32", "width": "i32", **QUANTIZE_ARGS,
-            "HAS_RESIDUAL": "constexpr", "ZERO_CENTERED": "constexpr", "QUANTIZE": "constexpr", "BLOCK": "constexpr"}
+            "stride_part": "i32", "stride_residual": "i32", "eps": "fp32", "width": "i32", **QUANTIZE_ARGS,
+            "HAS_RESIDUAL": "constexpr", "ZERO_CENTERED": "constexpr", "QUANTIZE": "constexpr", "PARTS": "constexpr",
+            "BLOCK": "constexpr"}
 
 
 
@@ -89,7 +90,8 @@ KERNELS = [
     for quantize in (False, True)
 ] + [
     (f"add+rms norm{' (zero-centered)' * zc}{' (fp8 out)' * quantize}", rms_norm._add_rms_norm_kernel,
-     norm_signature(quantize), {"HAS_RESIDUAL": True, "ZERO_CENTERED": zc, "QUANTIZE": quantize, "BLOCK": 1024})
+     norm_signature(quantize), {"HAS_RESIDUAL": True, "ZERO_CENTERED": zc, "QUANTIZE": quantize, "PARTS": 8 if zc else 1,
+                                "BLOCK": 1024})
     for zc in (False, True) for quantize in (False, True)
 ] + [
     (f"norm+rotary{' (zero-centered)' * zc}", norm_rotary._norm_rotary_kernel, NORM_ROTARY,

@@ -55,3 +55,29 @@ def test_gated_rms_norm(force_triton, dtype):
     weight = torch.randn(24, dtype=dtype)
     expected = (rms_norm_reference(x, weight, 1e-6) * torch.nn.functional.silu(gate.float())).to(dtype)
     assert_close(rms_norm.gated_rms_norm(x, gate, weight, 1e-6), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_add_norm_sums_a_moe_blocks_expert_rows_first(force_triton, monkeypatch, dtype):
+    # the norm after a MoE block takes its k weighted rows unsummed: sum (fp32, in order,
+    # rounded), add, norm: the same as sum_pairs and then the add+norm
+    from omniwalk.kernels import fused_moe
+
+    def sum_pairs_reference(rows):   # what the sum_pairs kernel computes
+        return rows.float().cumsum(1)[:, -1].to(rows.dtype)
+
+    monkeypatch.setattr(fused_moe, "sum_pairs", sum_pairs_reference)
+    torch.manual_seed(1)
+    rows = torch.randn(3, 8, 48, dtype=dtype)
+    residual, weight = torch.randn(3, 48, dtype=dtype), torch.randn(48, dtype=dtype)
+    expert_rows = fused_moe.ExpertRows(rows)
+    normed, summed = rms_norm.add_rms_norm(expert_rows, residual, weight, 1e-6)
+    total = sum_pairs_reference(rows)
+    assert summed.shape == (3, 48)
+    assert_close(summed, total + residual)
+    assert_close(normed, rms_norm_reference(total + residual, weight, 1e-6))
+    # without a kernel (CPU): the rows are summed first, then the reference
+    monkeypatch.setattr(rms_norm, "use_triton", lambda x: False)
+    normed_cpu, summed_cpu = rms_norm.add_rms_norm(expert_rows, residual, weight, 1e-6)
+    assert_close(summed_cpu, total + residual)
+    assert_close(normed_cpu, normed)

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from omniwalk.engine.attention import PagedAttention
+from omniwalk.kernels.fused_moe import summed
 from omniwalk.layers.moe import SparseMoeBlock
 from omniwalk.layers.norm import RMSNorm
 from omniwalk.layers.rotary import RotaryEmbedding
@@ -74,7 +75,8 @@ class ThinkerTextModel(nn.Module):
         self.embed_tokens = nn.Embedding(text.vocab_size, text.hidden_size)
         self.layers = nn.ModuleList(
             DecoderLayer(text, i, SparseMoeBlock(text.hidden_size, config.moe_intermediate_size, config.num_experts,
-                                                 config.num_experts_per_tok, config.norm_topk_prob)
+                                                 config.num_experts_per_tok, config.norm_topk_prob,
+                                                 sum_in_next_norm=True)
                          if config.is_sparse(i) else None)
             for i in range(text.num_layers))
         self.norm = RMSNorm(text.hidden_size, text.rms_norm_eps)
@@ -97,6 +99,7 @@ class ThinkerTextModel(nn.Module):
             x, residual = layer(x, residual, cos, sin, attention)
             if deepstack is not None and index < deepstack.shape[0]:
                 # x + residual is the layer's output: adding to either adds to it
+                x = summed(x)
                 x = x.index_add(0, media.deepstack_rows, deepstack[index].to(x.dtype))
         return self.norm.add_and_norm(x, residual)[0]
 
