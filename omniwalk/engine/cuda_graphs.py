@@ -33,6 +33,7 @@ import torch
 from omniwalk.engine.attention import AttentionMetadata, PagedAttention
 from omniwalk.engine.host_to_device import to_device
 from omniwalk.engine.kv_cache import PagedKVCache
+from omniwalk.kernels.triton_support import graph_launches
 
 SCRATCH_SLOT_HANDLE = -1   # the handle holding the padded rows' slot
 
@@ -65,7 +66,7 @@ def capture_per_bucket(device: torch.device, buckets: list, forward: Callable[[A
     graphs = {}
     stream = torch.cuda.Stream(device)
     stream.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(stream):
+    with torch.cuda.stream(stream), graph_launches():   # the warm-ups too: they compile what the capture launches
         for batch in reversed(buckets):
             if prepare is not None:
                 prepare(batch)
