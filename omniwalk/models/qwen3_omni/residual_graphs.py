@@ -64,11 +64,17 @@ class ResidualGraphs(BucketGraphs):
         self.summed_embeds = torch.zeros(size, hidden, dtype=dtype, **on)
         self.kv = {b: talker.code_predictor.new_kv(b, dtype, device) for b in sizes}
         self._init_graphs()
+        if not self.on_cuda:
+            return
         started = time.perf_counter()
-        self._capture()
-        if self.on_cuda:
-            logger.info("captured the code predictor's loop for batch sizes %s (greedy, sampled) in %.1f s", sizes,
-                        time.perf_counter() - started)
+        try:
+            self._capture()
+        except Exception:   # speak eagerly (slower, the same codes) rather than not at all
+            logger.exception("could not capture the code predictor's loop: it runs eagerly")
+            self.graphs, self.on_cuda = {}, False
+            return
+        logger.info("captured the code predictor's loop for batch sizes %s (greedy, sampled) in %.1f s", sizes,
+                    time.perf_counter() - started)
 
     def _forward(self, bucket) -> torch.Tensor:
         plan, size = bucket
