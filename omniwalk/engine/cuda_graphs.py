@@ -150,13 +150,17 @@ class DecodeGraphs(BucketGraphs):
         self._copy_slots = [torch.zeros(size, dtype=torch.long, **pinned) for _ in range(2)]
         self._next_copy_slot = 0
 
-    def _forward(self, batch: int) -> torch.Tensor:
+    def _attention(self, batch: int) -> PagedAttention:
+        """The step's attention over the static buffers' first `batch` rows."""
         meta = AttentionMetadata(
             slot_mapping=self.slots[:batch], query_start=self.query_start[: batch + 1],
             context_lens_tensor=self.context_lens[:batch], page_table_tensor=self.page_table[:batch],
             max_query_len=1,
         )
-        inputs = (self.input_ids[:batch], self.positions[:batch], PagedAttention(self.cache, meta))
+        return PagedAttention(self.cache, meta)
+
+    def _forward(self, batch: int) -> torch.Tensor:
+        inputs = (self.input_ids[:batch], self.positions[:batch], self._attention(batch))
         if self.slot_resource is not None:
             inputs += (self.slot_resource.decode_view(self.row_slots[:, :batch]),)
         hidden = self.model(*inputs)

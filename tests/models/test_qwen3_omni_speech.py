@@ -221,7 +221,9 @@ def test_cancel_mid_speech_frees_every_component(speaking_engine):
     assert caches[1].allocator.num_used > used_before[1]
     speaking_engine.abort(stream.request_id)
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and (executors["talker"].sequences or caches[1].allocator.num_used):
+    while time.monotonic() < deadline and (executors["talker"].sequences
+                                           or caches[1].allocator.num_used > used_before[1]):
         time.sleep(0.05)
     assert not executors["talker"].sequences and not executors["thinker"].sequences
-    assert [cache.allocator.num_used for cache in caches] == [used_before[0], 0]
+    # what stays is what was there before (the Talker's graphs hold a scratch page, for good)
+    assert [cache.allocator.num_used for cache in caches] == used_before

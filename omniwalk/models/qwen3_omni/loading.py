@@ -81,7 +81,8 @@ def allocate_talker_cache(ctx) -> None:
 def serve_thinker(ctx) -> ThinkerModel:
     speech = None
     if isinstance(ctx.module, Qwen3Omni):
-        speech = SpeechParts(ctx.module.talker, ctx.module.code2wav, ctx.resources["talker_cache"])
+        speech = SpeechParts(ctx.module.talker, ctx.module.code2wav, ctx.resources["talker_cache"],
+                             graphs=not ctx.args.enforce_eager)
     return ThinkerModel(thinker_of(ctx), ctx.cache, max_batch_size=ctx.args.max_num_seqs,
                         decode_graphs=ctx.decode_graphs, prefill_graphs=ctx.prefill_graphs, speech=speech)
 

@@ -176,11 +176,13 @@ CODE2WAV_CHUNK_FRAMES = 16
 
 @dataclass(frozen=True)
 class SpeechParts:
-    """What a model that speaks adds to the Thinker: the Talker, Code2Wav, the Talker's KV cache."""
+    """What a model that speaks adds to the Thinker: the Talker, Code2Wav, the Talker's KV cache;
+    `graphs`: the Talker's steps through CUDA graphs (False: --enforce-eager)."""
 
     talker: Talker
     code2wav: Code2Wav
     talker_cache: PagedKVCache
+    graphs: bool = True
 
 
 def code2wav_chunks(code2wav: Code2Wav) -> LeftContext:
@@ -209,7 +211,7 @@ class ThinkerModel:
             return
         self.graph = thinker_graph(speaks=True, code2wav_chunks=code2wav_chunks(speech.code2wav))
         self.executors[TALKER.name] = TalkerExecutor(speech.talker, thinker.model.embed_tokens, speech.talker_cache,
-                                                     max_batch_size)
+                                                     max_batch_size, graphs=speech.graphs)
         self.executors[CODE2WAV.name] = Code2WavExecutor(speech.code2wav)
 
     def plan(self, view: StreamView) -> WalkCall | None:

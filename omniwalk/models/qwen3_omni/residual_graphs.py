@@ -45,10 +45,11 @@ def residual_settings(talker_params: list[SamplingParams]) -> list[SamplingParam
 
 
 class ResidualGraphs(BucketGraphs):
-    def __init__(self, talker: Talker, max_batch_size: int, device: torch.device, dtype: torch.dtype):
+    def __init__(self, talker: Talker, max_batch_size: int, device: torch.device, dtype: torch.dtype,
+                 capture: bool = True):
         self.talker = talker
         self.device = device
-        self.on_cuda = device.type == "cuda"
+        self.on_cuda = device.type == "cuda" and capture   # else: the loop runs eagerly over the buffers
         self.groups = talker.config.num_code_groups
         self.vocab = talker.code_predictor.config.decoder.vocab_size
         sizes = batch_buckets(max_batch_size)

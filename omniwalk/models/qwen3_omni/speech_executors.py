@@ -35,6 +35,7 @@ from omniwalk.engine.sampler import Sampler
 from omniwalk.graph import Chunk
 from omniwalk.models.qwen3_omni.code2wav import Code2Wav
 from omniwalk.models.qwen3_omni.residual_graphs import ResidualGraphs
+from omniwalk.models.qwen3_omni.talker_graphs import TalkerDecodeGraphs
 from omniwalk.models.qwen3_omni.talker import Talker
 from omniwalk.models.qwen3_omni.talker_prompt import TalkerPrompt, prompt_rows, text_rows, trailing_id
 from omniwalk.runtime.executor import NodeCall, NodeExecutor
@@ -83,7 +84,10 @@ class TalkerExecutor(NodeExecutor):
     chunkable = True
 
     def __init__(self, talker: Talker, thinker_embeddings: torch.nn.Embedding, cache: PagedKVCache,
-                 max_batch_size: int = 256):
+                 max_batch_size: int = 256, graphs: bool = True):
+        """`graphs`: decode steps and the code predictor's loop through `TalkerDecodeGraphs` and
+        `ResidualGraphs` (captured on CUDA; on a CPU the same functions over the same
+        buffers); False (--enforce-eager): eager steps."""
         self.talker = talker
         self.thinker_embeddings = thinker_embeddings
         self.cache = cache
@@ -93,8 +97,11 @@ class TalkerExecutor(NodeExecutor):
         self.sampler = Sampler()
         self.sequences: dict[int, TalkerSequence] = {}
         self.suppressed = torch.tensor(self.config.suppressed_codec_ids, dtype=torch.long, device=self.device)
-        # the code predictor's loop: captured per batch bucket on CUDA, eager from the same buffers elsewhere
-        self.residual_graphs = ResidualGraphs(talker, max_batch_size, self.device, self.talker_dtype)
+        self.residual_graphs = ResidualGraphs(talker, max_batch_size, self.device, self.talker_dtype, capture=graphs)
+        self.decode_graphs = None
+        if graphs:
+            self.decode_graphs = TalkerDecodeGraphs(talker, cache, max_batch_size, self.talker_dtype)
+            self.decode_graphs.capture()
 
     # ------------------------------------------------------------ per-stream state
 
@@ -158,35 +165,47 @@ class TalkerExecutor(NodeExecutor):
         starts = [s.num_computed for s in sequences]
         counts = [call.num_tokens for call in calls]
         rows = torch.cat([s.rows[a : a + n] for s, a, n in zip(sequences, starts, counts)])
+        tables = [self.cache.page_tables[h] for h in handles]
+        graphs = self.decode_graphs
+        if (graphs is not None and all(a > 0 and n == 1 and a + 1 == len(s.rows)
+                                       for s, a, n in zip(sequences, starts, counts))
+                and graphs.fits(len(calls), max(len(t) for t in tables))):
+            # a decode step: each stream's one new row, its frame sampled now
+            logits, last = graphs.step(rows.to(self.talker_dtype), starts, tables)
+            frames = self._frames(calls, sequences, last, logits)
+            return self._commit(sequences, counts, range(len(calls)), frames)
         positions = torch.tensor([p for a, n in zip(starts, counts) for p in range(a, a + n)], device=self.device)
         metadata = build_metadata(self.cache, handles, starts, counts, self.device)
         hidden = self.talker(rows.to(self.talker_dtype), positions, PagedAttention(self.cache, metadata))
         ends = np.cumsum(counts) - 1
         done = [i for i, (s, a, n) in enumerate(zip(sequences, starts, counts)) if a + n == len(s.rows)]
-        outputs: list[dict | None] = [None] * len(calls)
-        updates = []
+        frames = []
         if done:
             last = hidden[torch.tensor(ends[done], device=self.device)]
             frames = self._frames([calls[i] for i in done], [sequences[i] for i in done], last)
-            for i, (item, next_row) in zip(done, frames):
-                outputs[i] = {"frame": item}
-                updates.append((sequences[i], item, next_row))
-        # commit only now: a batch that raised left every sequence as it was
+        return self._commit(sequences, counts, done, frames)
+
+    def _commit(self, sequences: list[TalkerSequence], counts: list[int], done, frames) -> list[dict | None]:
+        """Only now, once the batch computed: a batch that raised left every sequence as it was."""
+        outputs: list[dict | None] = [None] * len(sequences)
         for sequence, n in zip(sequences, counts):
             sequence.num_computed += n
-        for sequence, item, frame_embeds in updates:
-            sequence.first_codes.append(item[0] if isinstance(item, tuple) else item)
-            sequence.frame_embeds = frame_embeds   # the next step's row, once its text is known (`begin`)
+        for i, (item, frame_embeds) in zip(done, frames):
+            outputs[i] = {"frame": item}
+            sequences[i].first_codes.append(item[0] if isinstance(item, tuple) else item)
+            sequences[i].frame_embeds = frame_embeds   # the next step's row, once its text is known (`begin`)
         return outputs
 
     @property
     def talker_dtype(self) -> torch.dtype:
         return next(self.talker.parameters()).dtype
 
-    def _frames(self, calls: list[NodeCall], sequences: list[TalkerSequence], last_hidden: torch.Tensor):
-        """(item, its summed codec embeddings or None) of each finished call: its frame, or codec EOS."""
+    def _frames(self, calls: list[NodeCall], sequences: list[TalkerSequence], last_hidden: torch.Tensor,
+                logits: torch.Tensor | None = None):
+        """(item, its summed codec embeddings or None) of each finished call: its frame, or codec
+        EOS. `logits`: the codec head's over `last_hidden`, if a graph step computed them."""
         params = [call.stream.params for call in calls]
-        logits = self.talker.compute_logits(last_hidden)
+        logits = self.talker.compute_logits(last_hidden) if logits is None else logits
         logits.index_fill_(1, self.suppressed, float("-inf"))
         endless = [i for i, p in enumerate(params) if p.stop.ignore_eos]
         if endless:   # exactly the frame budget: codec EOS may not be picked either
