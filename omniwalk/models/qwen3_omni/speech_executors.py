@@ -32,7 +32,7 @@ from omniwalk.engine.attention import PagedAttention, build_metadata
 from omniwalk.engine.kv_cache import PagedKVCache
 from omniwalk.engine.sampler import Sampler, SamplingParams
 from omniwalk.graph import Chunk
-from omniwalk.models.qwen3_omni.code2wav import Code2Wav
+from omniwalk.models.qwen3_omni.code2wav import Code2Wav, CodecChunk
 from omniwalk.models.qwen3_omni.talker import Talker
 from omniwalk.models.qwen3_omni.talker_prompt import TalkerPrompt, prompt_rows, text_rows, trailing_id
 from omniwalk.runtime.executor import NodeCall, NodeExecutor
@@ -225,7 +225,11 @@ class TalkerExecutor(NodeExecutor):
 
 class Code2WavExecutor(NodeExecutor):
     """Node `code2wav`: `frames` (a chunk of the talker stream: left-context frames, then new
-    ones) -> `pcm`: the int16 samples those new frames made final (`Code2Wav.decode_chunk`)."""
+    ones) -> `pcm`: the int16 samples those new frames made final.
+
+    A step decodes all its calls' chunks together (`Code2Wav.decode_chunks`: one transformer
+    pass, a conv pass for the full-context chunks and one per length for a stream's first
+    ones), each call's samples as its chunk alone would give them."""
 
     def __init__(self, code2wav: Code2Wav, max_batch_size: int = 64):
         self.code2wav = code2wav
@@ -234,11 +238,14 @@ class Code2WavExecutor(NodeExecutor):
 
     @torch.inference_mode()
     def run(self, calls: list[NodeCall]) -> list[dict]:
-        outputs = []
-        for call in calls:   # chunks differ in length and context: one decode each
+        chunks = []
+        for call in calls:
             chunk: Chunk = call.inputs["frames"]
             context = len(chunk.items) - chunk.num_new
-            codes = torch.tensor(chunk.items, dtype=torch.long, device=self.device).T[None]   # [1, Q, frames]
-            wav = self.code2wav.decode_chunk(codes, chunk.start + context, context)[0, 0]
-            outputs.append({"pcm": (wav.float() * 32767).round().to(torch.int16).cpu().numpy().tobytes()})
-        return outputs
+            codes = torch.tensor(chunk.items, dtype=torch.long).T            # [Q, frames], on the host:
+            chunks.append(CodecChunk(codes, chunk.start + context, context))   # padded there, one copy over
+        wavs = self.code2wav.decode_chunks(chunks)
+        # one conversion and one copy to the host for the whole step, then split per call
+        pcm = (torch.cat(wavs).float() * 32767).round().to(torch.int16).cpu().numpy()
+        bounds = np.cumsum([0] + [w.shape[-1] for w in wavs])
+        return [{"pcm": pcm[a:b].tobytes()} for a, b in zip(bounds[:-1], bounds[1:])]
