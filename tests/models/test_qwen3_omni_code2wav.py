@@ -278,10 +278,11 @@ def test_transformer_computes_only_the_rows_the_outputs_read(pair, long_codes):
             torch.testing.assert_close(trimmed, full[:, -min(keep, L + 9):], atol=ATOL, rtol=0)
 
 
-def test_executor_decodes_a_step_of_calls_as_each_alone(pair, long_codes):
+def test_executor_decodes_a_step_of_calls_as_each_alone(pair, long_codes, whole):
     """Code2WavExecutor over the chunks a LeftContext edge releases for two streams at
-    different points (a first chunk next to later ones): each call's PCM is its chunk's
-    decode alone, and a stream's PCM, concatenated, is the whole decode's."""
+    different points (a first chunk next to later ones, a short final one): one transformer
+    pass a step, each call's PCM its chunk's decode alone, and a stream's PCM, concatenated,
+    the whole decode's."""
     ours, _ = pair
     policy = LeftContext(6, L, first_size=2)
     streams = []
@@ -296,7 +297,10 @@ def test_executor_decodes_a_step_of_calls_as_each_alone(pair, long_codes):
     for step in range(max(len(streams[0]), len(streams[1]) + lag)):
         calls = [(row, streams[row][step - shift]) for row, shift in ((0, 0), (1, lag))
                  if 0 <= step - shift < len(streams[row])]
-        outputs = executor.run([NodeCall(stream=None, inputs={"frames": chunk}, num_tokens=1) for _, chunk in calls])
+        with Passes(ours) as passes:
+            outputs = executor.run([NodeCall(stream=None, inputs={"frames": chunk}, num_tokens=1)
+                                    for _, chunk in calls])
+        assert passes.transformer == 1    # the step's calls in one batch
         for (row, chunk), output in zip(calls, outputs):
             context = len(chunk.items) - chunk.num_new
             with torch.no_grad():
@@ -309,20 +313,12 @@ def test_executor_decodes_a_step_of_calls_as_each_alone(pair, long_codes):
             pcm[row].append(got)
     for row in range(2):
         stream = np.concatenate(pcm[row]).astype(np.int32)
-        assert stream.shape[-1] == whole_samples(long_codes) and np.abs(stream - pcm16(whole_of(pair, long_codes, row))).max() <= 1
+        assert stream.shape == (emitted_samples(CONFIG, long_codes.shape[-1]),)
+        assert np.abs(stream - pcm16(whole[row, 0])).max() <= 1
 
 
 def pcm16(wav: torch.Tensor) -> np.ndarray:
     return (wav.float() * 32767).round().to(torch.int32).numpy()
-
-
-def whole_samples(long_codes) -> int:
-    return emitted_samples(CONFIG, long_codes.shape[-1])
-
-
-def whole_of(pair, long_codes, row):
-    with torch.no_grad():
-        return pair[0](long_codes[row:row + 1])[0, 0]
 
 
 # ---------------------------------------------------------------- sample counts and receptive field
