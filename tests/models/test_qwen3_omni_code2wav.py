@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 import torch
 
-from omniwalk.graph import Chunk
 from omniwalk.graph.chunking import StreamBuffer
 from omniwalk.graph.primitives import LeftContext
 from omniwalk.models.qwen3_omni.code2wav import (

@@ -234,7 +234,6 @@ class Code2WavExecutor(NodeExecutor):
     def __init__(self, code2wav: Code2Wav, max_batch_size: int = 64):
         self.code2wav = code2wav
         self.max_batch_size = max_batch_size
-        self.device = next(code2wav.parameters()).device
 
     @torch.inference_mode()
     def run(self, calls: list[NodeCall]) -> list[dict]:
@@ -242,8 +241,9 @@ class Code2WavExecutor(NodeExecutor):
         for call in calls:
             chunk: Chunk = call.inputs["frames"]
             context = len(chunk.items) - chunk.num_new
-            codes = torch.tensor(chunk.items, dtype=torch.long).T            # [Q, frames], on the host:
-            chunks.append(CodecChunk(codes, chunk.start + context, context))   # padded there, one copy over
+            # [Q, frames] on the host: decode_chunks pads the step's chunks there, then copies them over at once
+            codes = torch.tensor(chunk.items, dtype=torch.long).T
+            chunks.append(CodecChunk(codes, chunk.start + context, context))
         wavs = self.code2wav.decode_chunks(chunks)
         # one conversion and one copy to the host for the whole step, then split per call
         pcm = (torch.cat(wavs).float() * 32767).round().to(torch.int16).cpu().numpy()
