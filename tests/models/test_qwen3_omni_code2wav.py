@@ -1,7 +1,9 @@
 """Qwen3-Omni's Code2Wav against transformers' `Qwen3OmniMoeCode2Wav` on a tiny random
 config: weights loaded by name from a `save_pretrained` folder, the whole decode equal to
 the reference's, chunked decodes equal to the whole one at every seam for several chunk
-schedules, the sample counts, the receptive field the exact left context is built from
+schedules, a step's mixed chunks decoded in one batch (and by the executor) equal to each
+decoded alone and to the whole decode, the transformer computing only the rows a chunk
+needs, the sample counts, the receptive field the exact left context is built from
 (checked on the module itself), transformers' `chunked_decode` losing the lookahead at each
 seam, and config parsing from a full qwen3_omni_moe config."""
 
@@ -10,14 +12,19 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
 import pytest
 import torch
 
+from omniwalk.graph.chunking import StreamBuffer
+from omniwalk.graph.primitives import LeftContext
 from omniwalk.models.qwen3_omni.code2wav import (
-    Code2Wav, chunk_samples, conv_context_frames, emitted_samples, exact_left_context, lookahead_samples,
+    Code2Wav, CodecChunk, chunk_samples, conv_context_frames, emitted_samples, exact_left_context, lookahead_samples,
     transformer_context_frames,
 )
 from omniwalk.models.qwen3_omni.code2wav_config import Code2WavConfig
+from omniwalk.models.qwen3_omni.speech_executors import Code2WavExecutor
+from omniwalk.runtime.executor import NodeCall
 
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
@@ -165,6 +172,152 @@ def test_chunk_needs_context_to_redecode_the_held_back_samples(pair, long_codes)
         ours.decode_chunk(long_codes[..., 8:12], start_frame=8, num_context_frames=0)
     with pytest.raises(ValueError):
         ours.decode_chunk(long_codes[..., :4], start_frame=0, num_context_frames=4)   # no new frames
+
+
+# ---------------------------------------------------------------- a step's chunks in one batch
+
+L, C = exact_left_context(CONFIG), conv_context_frames(CONFIG)
+
+#: (stream row of long_codes, start, new frames, context): first chunks, chunks inside the
+#: conv context (start < C; two of them 4 frames long like a first one), one whose
+#: transformer context is still growing (start < L), full-context ones, short final ones,
+#: and two with less context than exact (a shorter history: equal to their own decode
+#: alone, not to the whole one; the second also short of the conv context)
+MIXED = [(0, 0, 4, 0), (1, 0, 1, 0), (0, 4, 16, 4), (1, 1, 2, 1), (1, 3, 1, 3), (0, 20, 16, 20),
+         (1, 40, 16, L), (0, 52, 3, L), (1, 60, 1, L), (0, 36, 16, L), (1, 70, 16, C), (0, 30, 5, 9)]
+
+
+def mixed_chunks(long_codes):
+    assert 4 < C < 20 < L and 70 + 16 <= long_codes.shape[-1]   # the mix covers what it says
+    return [CodecChunk(long_codes[row, :, start - context: start + n], start, context)
+            for row, start, n, context in MIXED]
+
+
+class Passes:
+    """Counts transformer and conv stack passes of a Code2Wav (forward hooks)."""
+
+    def __init__(self, model: Code2Wav):
+        self.transformer = self.conv_stack = 0
+        self.hooks = [model.pre_transformer.register_forward_hook(lambda *_: self.count("transformer")),
+                      model.upsample[0][0].register_forward_hook(lambda *_: self.count("conv_stack"))]
+
+    def count(self, name):
+        setattr(self, name, getattr(self, name) + 1)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for hook in self.hooks:
+            hook.remove()
+
+
+def test_mixed_chunks_in_one_batch_equal_each_alone_and_the_whole_decode(pair, long_codes, whole):
+    ours, _ = pair
+    chunks = mixed_chunks(long_codes)
+    with torch.no_grad(), Passes(ours) as passes:
+        batched = ours.decode_chunks(chunks)
+    # one transformer pass; conv passes: the six with the full conv context together, the
+    # others (they see their window's frame 0) one per length: 4 (two chunks), 1, 20, 3, 14
+    assert (passes.transformer, passes.conv_stack) == (1, 6)
+    with torch.no_grad():
+        alone = [ours.decode_chunk(chunk.codes[None], chunk.start_frame, chunk.num_context_frames)[0, 0]
+                 for chunk in chunks]
+    for (row, start, n, context), got, expected in zip(MIXED, batched, alone):
+        assert got.shape == expected.shape == (chunk_samples(CONFIG, start, n),)
+        torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
+        if context == min(start, L):   # exact context: the whole decode's samples
+            first = emitted_samples(CONFIG, start)
+            torch.testing.assert_close(got, whole[row, 0, first: first + got.shape[-1]], atol=ATOL, rtol=0)
+        else:                          # a shorter history shows: the comparison above can fail
+            first = emitted_samples(CONFIG, start)
+            assert (got - whole[row, 0, first: first + got.shape[-1]]).abs().max() > 10 * ATOL
+
+
+def test_padding_frames_never_reach_real_ones(pair, long_codes):
+    """Left padding of any codes, masked by real_from, leaves the real frames' transformer
+    outputs as without it (each row at its own positions); unmasked, it would not."""
+    ours, _ = pair
+    real = [long_codes[0, :, 40: 40 + L + 5], long_codes[1, :, 3: 3 + 9]]     # at frames 40... and 3...
+    pads = [7, L + 3]
+    outputs = []
+    with torch.no_grad():
+        alone = [ours.hidden_states(codes[None], first_position=first)[0] for codes, first in zip(real, (40, 3))]
+        for seed in (11, 12):   # two different garbages in the padding
+            garbage = random_codes(2, L + 12, seed=seed)
+            for row, (codes, pad) in enumerate(zip(real, pads)):
+                garbage[row, :, pad:] = codes
+            positions = torch.tensor([40 - pads[0], 3 - pads[1]])
+            outputs.append(ours.hidden_states(garbage, positions, real_from=torch.tensor(pads)))
+        unmasked = ours.hidden_states(garbage, positions)
+    for out in outputs:
+        for row, (codes, pad) in enumerate(zip(real, pads)):
+            torch.testing.assert_close(out[row, pad:], alone[row], atol=ATOL, rtol=0)
+    assert (unmasked[0, pads[0]:] - alone[0]).abs().max() > 1e-3
+
+
+def test_transformer_computes_only_the_rows_the_outputs_read(pair, long_codes):
+    """keep_last k: layer i of N computes the last k + (N - 1 - i) * (W - 1) rows, and the
+    outputs equal the last k of the full pass."""
+    ours, _ = pair
+    codes = long_codes[:, :, :L + 9]
+    N, W = CONFIG.num_hidden_layers, CONFIG.sliding_window
+    with torch.no_grad():
+        full = ours.hidden_states(codes, first_position=5)
+        for keep in (1, C + 4, L - 3, L + 9, 1000):
+            rows = []
+            hooks = [layer.register_forward_hook(lambda m, i, out: rows.append(out.shape[1]))
+                     for layer in ours.pre_transformer.layers]
+            try:
+                trimmed = ours.hidden_states(codes, first_position=5, keep_last=keep)
+            finally:
+                for hook in hooks:
+                    hook.remove()
+            assert rows == [min(L + 9, keep + (N - 1 - i) * (W - 1)) for i in range(N)]
+            torch.testing.assert_close(trimmed, full[:, -min(keep, L + 9):], atol=ATOL, rtol=0)
+
+
+def test_executor_decodes_a_step_of_calls_as_each_alone(pair, long_codes, whole):
+    """Code2WavExecutor over the chunks a LeftContext edge releases for two streams at
+    different points (a first chunk next to later ones, a short final one): one transformer
+    pass a step, each call's PCM its chunk's decode alone, and a stream's PCM, concatenated,
+    the whole decode's."""
+    ours, _ = pair
+    policy = LeftContext(6, L, first_size=2)
+    streams = []
+    for row in range(2):
+        buffer = StreamBuffer(policy)
+        buffer.push([tuple(frame) for frame in long_codes[row].T.tolist()])
+        buffer.close()
+        streams.append([chunk for chunk in iter(buffer.pop_ready, None) if chunk.num_new])
+    executor = Code2WavExecutor(ours)
+    pcm = {0: [], 1: []}
+    lag = 3    # stream 1 starts 3 steps later: its first chunks share steps with stream 0's later ones
+    for step in range(max(len(streams[0]), len(streams[1]) + lag)):
+        calls = [(row, streams[row][step - shift]) for row, shift in ((0, 0), (1, lag))
+                 if 0 <= step - shift < len(streams[row])]
+        with Passes(ours) as passes:
+            outputs = executor.run([NodeCall(stream=None, inputs={"frames": chunk}, num_tokens=1)
+                                    for _, chunk in calls])
+        assert passes.transformer == 1    # the step's calls in one batch
+        for (row, chunk), output in zip(calls, outputs):
+            context = len(chunk.items) - chunk.num_new
+            with torch.no_grad():
+                alone = ours.decode_chunk(long_codes[row:row + 1, :, chunk.start: chunk.start + len(chunk.items)],
+                                          chunk.start + context, context)[0, 0]
+            got = np.frombuffer(output["pcm"], dtype=np.int16)
+            assert got.shape == alone.shape
+            # int16 rounding of the same float: at most one step apart
+            assert np.abs(got.astype(np.int32) - pcm16(alone)).max() <= 1
+            pcm[row].append(got)
+    for row in range(2):
+        stream = np.concatenate(pcm[row]).astype(np.int32)
+        assert stream.shape == (emitted_samples(CONFIG, long_codes.shape[-1]),)
+        assert np.abs(stream - pcm16(whole[row, 0])).max() <= 1
+
+
+def pcm16(wav: torch.Tensor) -> np.ndarray:
+    return (wav.float() * 32767).round().to(torch.int32).numpy()
 
 
 # ---------------------------------------------------------------- sample counts and receptive field

@@ -25,14 +25,23 @@ D samples early, re-decoding the tail that the previous chunk could not make yet
 
     chunk [s, e) gets the codes of frames [s - L, e), L = exact_left_context = R + C:
       transformer over all of them: its outputs from frame s - C on see their whole history
-        (R = num_layers * (sliding_window - 1) frames back)
+        (R = num_layers * (sliding_window - 1) frames back); layer i of N computes only the
+        rows the layers above read: the last (e - s) + C + (N - 1 - i) * (sliding_window - 1)
       conv stack over frames [s - C, e) only: C frames is its reach back from sample s*U - D
       emits samples [s*U - D, e*U - D)   (from 0 for the first chunk)
 
 so the chunks of a stream, concatenated, are the whole-sequence decode: every sample, from
 the same inputs, equal within float rounding. `chunk_samples` says how many a chunk yields.
-For the released model L = 568 + 10 = 578 frames: the transformer is cheap next to the conv
-stack (0.11 vs 2.4 GMAC a frame), and the convs only run over C + n frames.
+For the released model L = 568 + 10 = 578 frames. A frame costs 0.11 GMAC in the
+transformer and 2.4 in the conv stack, but a 16-frame chunk's transformer reads 594 frames:
+65 GMAC if every layer computed every row, 30 with the pyramid above (2,196 row-layers of
+4,752), next to the convs' 62 over C + n = 26 frames. Not done: a stream's transformer
+state (each layer's last sliding_window - 1 input rows) kept between its chunks would cut
+the transformer to the n new frames (1.8 GMAC), at the price of per-stream state in the
+executor (freed on release, rebuilt after preemption).
+
+`decode_chunks` decodes the chunks of several streams at once (one step of the executor);
+its docstring says how the padding stays out of every real sample.
 """
 
 from __future__ import annotations
@@ -40,6 +49,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -258,15 +268,26 @@ class Code2WavAttention(nn.Module):
         self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=bias)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        # x: [B, T, hidden]; cos, sin: [T, head_dim]; mask: [T, T] bool, True where a query may look
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
+                num_queries: int) -> torch.Tensor:
+        # x: [B, T, hidden], the keys' rows; the queries are its last num_queries rows.
+        # cos, sin: [B, T', head_dim] and mask: [T', T'] or [B, 1, T', T'] (True where a query
+        # may look) for the T' >= T rows of the whole input: x is their last T rows.
         batch, frames, _ = x.shape
-        q = apply_rotary(self.q_proj(x).view(batch, frames, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rotary(self.k_proj(x).view(batch, frames, self.num_kv_heads, self.head_dim), cos, sin)
+        cos, sin, mask = cos[:, -frames:], sin[:, -frames:], mask[..., -num_queries:, -frames:]
+        q = self._rotate(self.q_proj(x[:, -num_queries:]), cos[:, -num_queries:], sin[:, -num_queries:])
+        k = self._rotate(self.k_proj(x), cos, sin)
         v = self.v_proj(x).view(batch, frames, self.num_kv_heads, self.head_dim)
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                              attn_mask=mask, enable_gqa=self.num_kv_heads != self.num_heads)
-        return self.o_proj(out.transpose(1, 2).reshape(batch, frames, -1))
+        return self.o_proj(out.transpose(1, 2).reshape(batch, num_queries, -1))
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        # x: [B, T, heads * head_dim]; cos, sin: [B, T, head_dim] (each row its own positions)
+        batch, frames, _ = x.shape
+        x = apply_rotary(x.reshape(batch * frames, -1, self.head_dim), cos.reshape(batch * frames, -1),
+                         sin.reshape(batch * frames, -1))
+        return x.view(batch, frames, -1, self.head_dim)
 
 
 class Code2WavMLP(nn.Module):
@@ -292,8 +313,11 @@ class Code2WavLayer(nn.Module):
         self.mlp = Code2WavMLP(config)
         self.mlp_layer_scale = LayerScale(config.hidden_size)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), cos, sin, mask))
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
+                num_queries: int) -> torch.Tensor:
+        """x [B, T, hidden] -> the outputs of its last `num_queries` rows (all rows attend as keys)."""
+        attended = self.self_attn(self.input_layernorm(x), cos, sin, mask, num_queries)
+        x = x[:, -num_queries:] + self.self_attn_layer_scale(attended)
         return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
 
 
@@ -305,20 +329,50 @@ class Code2WavTransformer(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryEmbedding(config.attention_head_dim, config.rope_theta)
 
-    def forward(self, x: torch.Tensor, first_position: int) -> torch.Tensor:
-        # x: [B, T, hidden], frames first_position .. first_position + T - 1 of the stream.
-        # Absolute positions keep the rotary angles, and so the rounding, those of the whole decode.
-        frames = x.shape[1]
-        positions = torch.arange(first_position, first_position + frames, device=x.device)
-        cos, sin = self.rotary(positions)
-        offset = positions[:, None] - positions[None, :]          # query - key
-        mask = (offset >= 0) & (offset < self.sliding_window)
-        for layer in self.layers:
-            x = layer(x, cos, sin, mask)
+    def forward(self, x: torch.Tensor, first_position: int | torch.Tensor,
+                real_from: torch.Tensor | None = None, keep_last: int | None = None) -> torch.Tensor:
+        """x: [B, T, hidden], row b frames first_position[b] ... of its stream (an int: the
+        same for all rows) -> the outputs of its last `keep_last` frames (default all).
+
+        real_from [B]: row b's frames before local index real_from[b] are padding, which no
+        real frame attends to (a padding frame attends to itself only, to stay finite).
+
+        Each layer computes only the rows the outputs need: an output reads `sliding_window
+        - 1` frames back per layer, so layer i of N needs the last keep_last + (N - 1 - i) *
+        (sliding_window - 1) rows and no more (all of the layer's input rows are its keys). A
+        chunk's pass, which reads exact_left_context frames to make C + n, runs each layer
+        over a pyramid of rows (2,196 row-layers for a 16-frame chunk on the released model
+        rather than 8 x 594); every kept row reads the same inputs as in a full pass, so the
+        outputs are the same within float rounding (a GEMM over fewer rows may round apart).
+        """
+        batch, frames, _ = x.shape
+        local = torch.arange(frames, device=x.device)
+        # absolute positions keep the rotary angles, and so the rounding, those of the whole decode
+        first = torch.as_tensor(first_position, device=x.device).reshape(-1, 1)
+        cos, sin = self.rotary((first + local).expand(batch, frames).reshape(-1))
+        cos, sin = cos.view(batch, frames, -1), sin.view(batch, frames, -1)
+        offset = local[:, None] - local[None, :]                  # query - key
+        mask = (offset >= 0) & (offset < self.sliding_window)    # [T, T]
+        if real_from is not None:
+            real_key = local[None, :] >= real_from.to(x.device)[:, None]           # [B, T]
+            mask = (mask & (real_key[:, None, :] | (offset == 0)))[:, None]        # [B, 1, T, T]
+        keep = frames if keep_last is None else min(frames, keep_last)
+        reach = self.sliding_window - 1
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, mask, min(frames, keep + (len(self.layers) - 1 - i) * reach))
         return self.norm(x)
 
 
 # ---------------------------------------------------------------- the decoder
+
+
+class CodecChunk(NamedTuple):
+    """A chunk of a stream for `Code2Wav.decode_chunks`: codes [num_quantizers, context + n],
+    frames [start_frame - num_context_frames, start_frame + n) of the stream."""
+
+    codes: torch.Tensor
+    start_frame: int
+    num_context_frames: int
 
 
 class Code2Wav(nn.Module):
@@ -345,7 +399,7 @@ class Code2Wav(nn.Module):
         """codes: [B, num_quantizers, T] int64 -> wav [B, 1, emitted_samples(config, T)] in
         [-1, 1] (T*U - D samples), the whole-sequence decode (transformers'
         `Qwen3OmniMoeCode2Wav.forward`)."""
-        return self._decode(codes, first_position=0, conv_from=0)
+        return self.waveform(self.hidden_states(codes))
 
     def decode_chunk(self, codes: torch.Tensor, start_frame: int, num_context_frames: int) -> torch.Tensor:
         """Samples of a stream's frames [start_frame, start_frame + n), given the
@@ -359,22 +413,62 @@ class Code2Wav(nn.Module):
         of context; with less, the transformer sees a shorter history than in the whole decode
         (transformers' `chunked_decode` gives 25) and samples near the seams differ.
         """
+        wavs = self.decode_chunks([CodecChunk(row, start_frame, num_context_frames) for row in codes])
+        return torch.stack(wavs)[:, None]
+
+    def decode_chunks(self, chunks: Sequence[CodecChunk]) -> list[torch.Tensor]:
+        """Several chunks at once, of any streams, lengths and contexts: each one's samples
+        [chunk_samples(config, start_frame, n)], as `decode_chunk` gives them alone.
+
+        One transformer pass over all of them, left-padded to the longest (padding frames are
+        masked out of every real frame's attention, and each row keeps its own positions),
+        then the conv stack over each chunk's C' + n last hidden frames (C' = min(context, C)),
+        right-aligned, so every chunk's samples are the tail of its row. Chunks with the full
+        C frames of conv context share one conv pass, padded on the left: their samples read
+        nothing before their C frames. A chunk with less (a stream's first chunks, start < C)
+        starts at the stream's frame 0, where the causal convs' zero padding at every layer is
+        part of the result: padding frames there would not be zeros after the first layer, so
+        such chunks go in a pass of their own length, unpadded.
+        """
         config = self.config
-        new_frames = codes.shape[-1] - num_context_frames
-        window_start = start_frame - num_context_frames
-        if num_context_frames < 0 or window_start < 0 or new_frames < 1:
-            raise ValueError(f"bad chunk: {codes.shape[-1]} frames with {num_context_frames} of context "
-                             f"at frame {start_frame}")
-        U = config.samples_per_frame
-        first_sample = emitted_samples(config, start_frame)
-        if first_sample < window_start * U:
-            raise ValueError(f"frame {start_frame}: the chunk needs context to re-decode the "
-                             f"{lookahead_samples(config)} samples the previous chunk could not make")
-        # the conv stack starts C frames before the chunk: its samples read nothing earlier
-        conv_from = max(0, num_context_frames - conv_context_frames(config))
-        wav = self._decode(codes, first_position=window_start, conv_from=conv_from)
-        first = first_sample - (window_start + conv_from) * U
-        return wav[..., first: first + chunk_samples(config, start_frame, new_frames)]
+        C, U = conv_context_frames(config), config.samples_per_frame
+        chunks = [CodecChunk(*chunk) for chunk in chunks]     # plain tuples too
+        conv_frames, num_samples = [], []
+        for chunk in chunks:
+            codes, start, context = chunk
+            new_frames, window_start = codes.shape[-1] - context, start - context
+            if codes.dim() != 2 or context < 0 or window_start < 0 or new_frames < 1:
+                raise ValueError(f"bad chunk: codes {tuple(codes.shape)} with {context} frames of context "
+                                 f"at frame {start}")
+            if emitted_samples(config, start) < window_start * U:
+                raise ValueError(f"frame {start}: the chunk needs context to re-decode the "
+                                 f"{lookahead_samples(config)} samples the previous chunk could not make")
+            conv_frames.append(min(context, C) + new_frames)
+            num_samples.append(chunk_samples(config, start, new_frames))
+        if not chunks:
+            return []
+        frames = max(chunk.codes.shape[-1] for chunk in chunks)
+        pads = [frames - chunk.codes.shape[-1] for chunk in chunks]
+        batch = chunks[0].codes.new_zeros(len(chunks), config.num_quantizers, frames)   # code 0 in padding
+        for row, (chunk, pad) in enumerate(zip(chunks, pads)):
+            batch[row, :, pad:] = chunk.codes
+        device = self.code_offset.device
+        first_positions = torch.tensor([c.start_frame - c.num_context_frames - pad for c, pad in zip(chunks, pads)])
+        hidden = self.hidden_states(batch.to(device), first_positions.to(device),
+                                    real_from=torch.tensor(pads) if any(pads) else None,
+                                    keep_last=max(conv_frames))
+        groups: dict[int | None, list[int]] = {}
+        for row, (chunk, n) in enumerate(zip(chunks, conv_frames)):
+            full = min(chunk.num_context_frames, C) == C
+            groups.setdefault(None if full else n, []).append(row)
+        wavs: list[torch.Tensor] = [None] * len(chunks)
+        for rows in groups.values():
+            longest = max(conv_frames[row] for row in rows)
+            index = torch.tensor(rows, device=device)
+            wav = self.waveform(hidden.index_select(0, index)[:, hidden.shape[1] - longest:])[:, 0]
+            for k, row in enumerate(rows):
+                wavs[row] = wav[k, wav.shape[-1] - num_samples[row]:]
+        return wavs
 
     def decode_in_chunks(self, codes: torch.Tensor, chunk_sizes: Sequence[int],
                          left_context: int | None = None) -> list[torch.Tensor]:
@@ -393,12 +487,15 @@ class Code2Wav(nn.Module):
             start = end
         return chunks
 
-    def hidden_states(self, codes: torch.Tensor, first_position: int = 0) -> torch.Tensor:
-        """codes [B, Q, T] (frames first_position, ... of a stream) -> transformer output [B, T, hidden]."""
+    def hidden_states(self, codes: torch.Tensor, first_position: int | torch.Tensor = 0,
+                      real_from: torch.Tensor | None = None, keep_last: int | None = None) -> torch.Tensor:
+        """codes [B, Q, T] (frames first_position, ... of a stream; a tensor [B]: each row's own)
+        -> transformer output [B, min(T, keep_last), hidden] of the last frames
+        (`Code2WavTransformer.forward` says what real_from and keep_last do)."""
         if codes.shape[1] != self.config.num_quantizers:
             raise ValueError(f"expected {self.config.num_quantizers} codebooks, got {codes.shape[1]}")
         hidden = self.code_embedding(codes + self.code_offset).mean(1)       # [B, T, hidden]
-        return self.pre_transformer(hidden, first_position)
+        return self.pre_transformer(hidden, first_position, real_from, keep_last)
 
     def waveform(self, hidden: torch.Tensor) -> torch.Tensor:
         """The conv stack: hidden [B, T, hidden] -> wav [B, 1, T*U - D] in [-1, 1]."""
@@ -408,8 +505,3 @@ class Code2Wav(nn.Module):
         for layer in self.decoder:
             x = layer(x)
         return x.clamp(min=-1, max=1)
-
-    def _decode(self, codes: torch.Tensor, first_position: int, conv_from: int) -> torch.Tensor:
-        """codes [B, Q, T] (frames first_position ...) -> the samples the conv stack makes
-        from frames [conv_from, T)."""
-        return self.waveform(self.hidden_states(codes, first_position)[:, conv_from:])

@@ -33,7 +33,7 @@ from omniwalk.engine.attention import PagedAttention, build_metadata
 from omniwalk.engine.kv_cache import PagedKVCache
 from omniwalk.engine.sampler import Sampler
 from omniwalk.graph import Chunk
-from omniwalk.models.qwen3_omni.code2wav import Code2Wav
+from omniwalk.models.qwen3_omni.code2wav import Code2Wav, CodecChunk
 from omniwalk.models.qwen3_omni.residual_graphs import ResidualGraphs
 from omniwalk.models.qwen3_omni.talker_graphs import TalkerDecodeGraphs
 from omniwalk.models.qwen3_omni.talker import Talker
@@ -229,20 +229,27 @@ class TalkerExecutor(NodeExecutor):
 
 class Code2WavExecutor(NodeExecutor):
     """Node `code2wav`: `frames` (a chunk of the talker stream: left-context frames, then new
-    ones) -> `pcm`: the int16 samples those new frames made final (`Code2Wav.decode_chunk`)."""
+    ones) -> `pcm`: the int16 samples those new frames made final.
+
+    A step decodes all its calls' chunks together (`Code2Wav.decode_chunks`: one transformer
+    pass, a conv pass for the full-context chunks and one per length for a stream's first
+    ones), each call's samples as its chunk alone would give them."""
 
     def __init__(self, code2wav: Code2Wav, max_batch_size: int = 64):
         self.code2wav = code2wav
         self.max_batch_size = max_batch_size
-        self.device = next(code2wav.parameters()).device
 
     @torch.inference_mode()
     def run(self, calls: list[NodeCall]) -> list[dict]:
-        outputs = []
-        for call in calls:   # chunks differ in length and context: one decode each
+        chunks = []
+        for call in calls:
             chunk: Chunk = call.inputs["frames"]
             context = len(chunk.items) - chunk.num_new
-            codes = torch.tensor(chunk.items, dtype=torch.long, device=self.device).T[None]   # [1, Q, frames]
-            wav = self.code2wav.decode_chunk(codes, chunk.start + context, context)[0, 0]
-            outputs.append({"pcm": (wav.float() * 32767).round().to(torch.int16).cpu().numpy().tobytes()})
-        return outputs
+            # [Q, frames] on the host: decode_chunks pads the step's chunks there, then copies them over at once
+            codes = torch.tensor(chunk.items, dtype=torch.long).T
+            chunks.append(CodecChunk(codes, chunk.start + context, context))
+        wavs = self.code2wav.decode_chunks(chunks)
+        # one conversion and one copy to the host for the whole step, then split per call
+        pcm = (torch.cat(wavs).float() * 32767).round().to(torch.int16).cpu().numpy()
+        bounds = np.cumsum([0] + [w.shape[-1] for w in wavs])
+        return [{"pcm": pcm[a:b].tobytes()} for a, b in zip(bounds[:-1], bounds[1:])]
