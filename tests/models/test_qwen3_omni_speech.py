@@ -89,8 +89,18 @@ def speaking_engine(hf_model, tmp_path_factory):
 
     folder = tmp_path_factory.mktemp("qwen3-omni-full")
     hf_model.save_pretrained(folder)
+    write_preprocessing(folder)
     with Engine(EngineArgs(str(folder), dtype="float32", device="cpu", max_model_len=256)) as engine:
         yield engine
+
+
+def write_preprocessing(folder) -> None:
+    """The image and audio preprocessing of the tiny Thinker's media tests."""
+    import json
+
+    from test_qwen3_omni import MELS, PREPROCESSING
+
+    (folder / "preprocessor_config.json").write_text(json.dumps(PREPROCESSING | {"feature_size": MELS}))
 
 
 def speak(engine, prompt, max_tokens, max_frames, stop_token_ids=(), **kw):
@@ -225,3 +235,122 @@ def test_cancel_mid_speech_frees_every_component(speaking_engine):
         time.sleep(0.05)
     assert not executors["talker"].sequences and not executors["thinker"].sequences
     assert [cache.allocator.num_used for cache in caches] == [used_before[0], 0]
+
+
+# ----------------------------------------------------------------------------- speaking about media
+
+def user_turn_with(*media):
+    """A system turn, then a user turn holding `media` (placeholder ids) and text, then the
+    assistant's turn opened: the Talker reads the user turn, its media rows as the
+    Thinker's hidden states."""
+    from test_qwen3_omni import AUDIO, AUDIO_END, AUDIO_START, IMAGE, VISION_END, VISION_START
+
+    markers = {"image": [VISION_START, IMAGE, VISION_END], "audio": [AUDIO_START, AUDIO, AUDIO_END]}
+    user = [13] + [token for kind in media for token in markers[kind]] + [14, 15]
+    return [280, 284, 10, 11, 281, 12, 280, 282] + user + [281, 12, 280, 283, 12]
+
+
+MEDIA_CASES = {"image": ("image",), "audio": ("audio",)}
+
+
+def media_inputs(kinds):
+    from test_qwen3_omni import clip, image
+
+    images = tuple(image(5) for kind in kinds if kind == "image")
+    clips = tuple(clip(4) for kind in kinds if kind == "audio")
+    return images, clips
+
+
+def hf_speak_media(model, kinds, talker_tokens: int, max_new_tokens: int = 6):
+    """transformers' generate(return_audio=True) on a prompt with media: (answer, wav, the
+    Talker's inputs). Its answer ends on its stop token: the 4th token of a first run."""
+    from test_qwen3_omni import hf_inputs
+
+    images, clips = media_inputs(kinds)
+    input_ids, kwargs = hf_inputs(user_turn_with(*kinds), images, clips)
+    captured = {}
+    talker_generate = model.talker.generate
+
+    def spy(**kw):
+        captured.update(kw)
+        return talker_generate(**kw)
+
+    def run(eos, tokens):
+        sequences, wav = model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
+                                        thinker_max_new_tokens=max_new_tokens, thinker_eos_token_id=eos,
+                                        talker_max_new_tokens=tokens, talker_do_sample=False,
+                                        talker_repetition_penalty=1.0, speaker="Ethan", **kwargs)
+        return sequences[0, input_ids.shape[1]:].tolist(), wav
+
+    model.talker.generate = spy
+    try:
+        first, _ = run(281, 2)
+        eos = first[3]
+        answer, wav = run(eos, talker_tokens)
+    finally:
+        model.talker.generate = talker_generate
+    assert answer[-1] == eos and eos not in answer[:-1]
+    return answer, wav, captured
+
+
+@pytest.fixture(scope="module")
+def hf_media_spoken(hf_model):
+    return {case: hf_speak_media(hf_model, kinds, talker_tokens=24) for case, kinds in MEDIA_CASES.items()}
+
+
+def speak_media(engine, kinds, max_tokens, max_frames, **kw):
+    from omniwalk.capabilities.media import AudioInput, ImageInput
+
+    images, clips = media_inputs(kinds)
+    media = tuple(ImageInput(img, f"image {i}") for i, img in enumerate(images))
+    media += tuple(AudioInput(c, f"audio {i}") for i, c in enumerate(clips))
+    return speak(engine, user_turn_with(*kinds), max_tokens, max_frames, media=media, **kw)
+
+
+def hf_talker_positions(model, captured) -> torch.Tensor:
+    """[3, rows] the rotary positions of transformers' Talker prefill (plain without images)."""
+    ids = captured["talker_input_ids"]
+    grid = captured.get("image_grid_thw")
+    if grid is None:
+        return torch.arange(ids.shape[1]).expand(3, -1)
+    positions, _ = model.talker.get_rope_index(ids, grid, None, torch.ones_like(ids))
+    return positions[:, 0].long()
+
+
+@pytest.mark.parametrize("case", list(MEDIA_CASES))
+def test_speech_about_media_equals_transformers(hf_model, hf_media_spoken, speaking_engine, case):
+    """An image or an audio clip in the user turn: the Talker reads the Thinker's hidden
+    states (`accept_hidden_layer`) at its rows; greedy text and audio == transformers'."""
+    answer, wav, captured = hf_media_spoken[case]
+    eos = answer[-1]
+    frames = 23   # the Talker's 24 tokens: 23 frames, then it stops at its budget
+    talker = speaking_engine.model.executors["talker"]
+    seen = {}
+    prompt_rows, forward = talker._prompt_rows, talker.talker.forward
+
+    def spy_rows(prompt, media_hidden):
+        seen.setdefault("rows", prompt_rows(prompt, media_hidden))
+        seen.setdefault("media_rows", prompt.media_rows)
+        return seen["rows"]
+
+    def spy_forward(rows, positions, attention):
+        seen.setdefault("positions", positions.clone())   # the prefill's: one pass (no chunk limit here)
+        return forward(rows, positions, attention)
+
+    talker._prompt_rows, talker.talker.forward = spy_rows, spy_forward
+    try:
+        result = speak_media(speaking_engine, MEDIA_CASES[case], 6, frames, stop_token_ids=[eos])
+    finally:
+        del talker._prompt_rows, talker.talker.forward
+    assert result.token_ids == answer
+    # the Talker's prefill rows: its media rows are the Thinker's hidden states there, projected
+    assert len(seen["media_rows"]) > 0
+    torch.testing.assert_close(seen["rows"], captured["inputs_embeds"][0], rtol=1e-5, atol=1e-5)
+    # and its rotary positions: (t, h, w) with an image, as transformers' Talker reads them
+    positions = seen["positions"] if seen["positions"].dim() == 2 else seen["positions"].expand(3, -1)
+    assert positions.tolist() == hf_talker_positions(hf_model, captured).tolist()
+    assert (case == "image") == (seen["positions"].dim() == 2)
+    ours = np.frombuffer(result.audio, "<i2").astype(np.float32) / 32767
+    expected = wav.reshape(-1).numpy()
+    assert ours.shape == expected.shape and expected.size > 0
+    assert np.abs(ours - expected).max() < 2e-4

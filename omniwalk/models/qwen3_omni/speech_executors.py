@@ -33,6 +33,7 @@ from omniwalk.engine.kv_cache import PagedKVCache
 from omniwalk.engine.sampler import Sampler, SamplingParams
 from omniwalk.graph import Chunk
 from omniwalk.models.qwen3_omni.code2wav import Code2Wav
+from omniwalk.models.qwen3_omni.positions import PromptPositions
 from omniwalk.models.qwen3_omni.talker import Talker
 from omniwalk.models.qwen3_omni.talker_prompt import TalkerPrompt, prompt_rows, text_rows, trailing_id
 from omniwalk.runtime.executor import NodeCall, NodeExecutor
@@ -43,10 +44,15 @@ RESIDUAL_TOP_K, RESIDUAL_TOP_P = 50, 0.8
 
 @dataclass(frozen=True)
 class TalkerStart:
-    """The talker stream's first walk: its prompt (with the answer's text written so far)."""
+    """The talker stream's first walk: its prompt (with the answer's text written so far);
+    for a prompt with media, the Thinker's hidden states at its media rows ([m, Ht], in
+    `prompt.media_positions` order) and, with images, its rotary positions
+    (`talker_positions`; None: row i at position i)."""
 
     prompt: TalkerPrompt
     text_ended: bool
+    media_hidden: torch.Tensor | None = None
+    positions: PromptPositions | None = None
 
 
 @dataclass(frozen=True)
@@ -71,6 +77,8 @@ class TalkerSequence:
     num_computed: int = 0                # rows whose keys and values are in the cache
     first_codes: list[int] = field(default_factory=list)   # one per frame: the penalties' history
     frame_embeds: torch.Tensor | None = None   # the last frame's summed embeddings, until its step's text is known
+    rope: np.ndarray | None = None       # [3, len(prompt)] (t, h, w) of the prompt's rows (images); None: plain
+    rope_offset: int = 0                 # a row past the prompt: rotary position = row + rope_offset
 
     @property
     def step(self) -> int:
@@ -101,9 +109,12 @@ class TalkerExecutor(NodeExecutor):
     def begin(self, stream, inputs) -> None:
         codes = inputs["codes"]
         if isinstance(codes, TalkerStart):
-            prompt = codes.prompt
-            self.sequences[stream.handle] = TalkerSequence(prompt, self._prompt_rows(prompt), list(prompt.trailing_ids),
-                                                           codes.text_ended)
+            prompt, positions = codes.prompt, codes.positions
+            sequence = TalkerSequence(prompt, self._prompt_rows(prompt, codes.media_hidden),
+                                      list(prompt.trailing_ids), codes.text_ended)
+            if positions is not None and positions.rope is not None:
+                sequence.rope, sequence.rope_offset = positions.rope, positions.offset
+            self.sequences[stream.handle] = sequence
             return
         sequence = self.sequences[stream.handle]
         if isinstance(codes, TextMore):
@@ -141,10 +152,10 @@ class TalkerExecutor(NodeExecutor):
     # ------------------------------------------------------------ rows
 
     @torch.inference_mode()
-    def _prompt_rows(self, prompt: TalkerPrompt) -> torch.Tensor:
-        if prompt.media_rows:   # they read the Thinker's hidden states there: not handed over yet
-            raise ValueError("speaking about images or audio in the prompt is not supported yet")
-        return prompt_rows(self.talker, self.thinker_embeddings, prompt)
+    def _prompt_rows(self, prompt: TalkerPrompt, media_hidden: torch.Tensor | None) -> torch.Tensor:
+        if media_hidden is not None:
+            media_hidden = media_hidden.to(self.device)
+        return prompt_rows(self.talker, self.thinker_embeddings, prompt, media_hidden)
 
     def _text_rows(self, ids: list[int]) -> torch.Tensor:
         return text_rows(self.talker, self.thinker_embeddings, ids)
@@ -158,7 +169,11 @@ class TalkerExecutor(NodeExecutor):
         starts = [s.num_computed for s in sequences]
         counts = [call.num_tokens for call in calls]
         rows = torch.cat([s.rows[a : a + n] for s, a, n in zip(sequences, starts, counts)])
-        positions = torch.tensor([p for a, n in zip(starts, counts) for p in range(a, a + n)], device=self.device)
+        if all(s.rope is None for s in sequences):
+            positions = torch.tensor([p for a, n in zip(starts, counts) for p in range(a, a + n)], device=self.device)
+        else:   # a prompt with images: (t, h, w) positions
+            positions = torch.from_numpy(np.concatenate([_rope_of(s, a, n) for s, a, n in zip(sequences, starts, counts)],
+                                                        axis=1)).to(self.device)
         metadata = build_metadata(self.cache, handles, starts, counts, self.device)
         hidden = self.talker(rows.to(self.talker_dtype), positions, PagedAttention(self.cache, metadata))
         ends = np.cumsum(counts) - 1
@@ -221,6 +236,16 @@ class TalkerExecutor(NodeExecutor):
                                 empty).token_ids
 
         return pick
+
+
+def _rope_of(sequence: TalkerSequence, start: int, count: int) -> np.ndarray:
+    """[3, count] rotary positions of rows [start, start + count): the prompt's own, then row + offset."""
+    end = start + count
+    if sequence.rope is None:
+        return np.broadcast_to(np.arange(start, end), (3, count))
+    split = max(start, min(end, sequence.rope.shape[1]))
+    tail = np.broadcast_to(np.arange(split, end) + sequence.rope_offset, (3, end - split))
+    return np.concatenate([sequence.rope[:, start:split], tail], axis=1)
 
 
 class Code2WavExecutor(NodeExecutor):
