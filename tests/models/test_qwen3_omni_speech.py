@@ -354,3 +354,87 @@ def test_speech_about_media_equals_transformers(hf_model, hf_media_spoken, speak
     expected = wav.reshape(-1).numpy()
     assert ours.shape == expected.shape and expected.size > 0
     assert np.abs(ours - expected).max() < 2e-4
+
+
+@pytest.fixture(scope="module")
+def chunked_engine(hf_model, tmp_path_factory):
+    """The same checkpoint, prefilling at most 8 tokens a step, no prefix cache."""
+    from omniwalk import Engine, EngineArgs
+
+    folder = tmp_path_factory.mktemp("qwen3-omni-full-chunked")
+    hf_model.save_pretrained(folder)
+    write_preprocessing(folder)
+    with Engine(EngineArgs(str(folder), dtype="float32", device="cpu", max_model_len=256, max_num_batched_tokens=8,
+                           enable_prefix_caching=False)) as engine:
+        yield engine
+
+
+@pytest.mark.parametrize("case", list(MEDIA_CASES))
+def test_speech_about_media_with_chunked_prefill(hf_media_spoken, chunked_engine, case):
+    """A prompt prefilled 8 tokens at a time: the hidden states kept chunk by chunk make the
+    same text and frames."""
+    answer, wav, captured = hf_media_spoken[case]
+    thinker = chunked_engine.model.executors["thinker"]
+    passes, forward = [], thinker.model.forward
+
+    def spy(input_ids, positions, attention, *extra):
+        passes.append((len(input_ids), extra[1].rows.numel() if len(extra) > 1 else 0))
+        return forward(input_ids, positions, attention, *extra)
+
+    thinker.model.forward = spy
+    try:
+        result = speak_media(chunked_engine, MEDIA_CASES[case], 6, 23, stop_token_ids=[answer[-1]])
+    finally:
+        del thinker.model.forward
+    assert result.token_ids == answer
+    ours = np.frombuffer(result.audio, "<i2").astype(np.float32) / 32767
+    assert ours.shape == wav.reshape(-1).shape and np.abs(ours - wav.reshape(-1).numpy()).max() < 2e-4
+    # the media rows were kept by several passes of at most 8 tokens
+    captures = [rows for _, rows in passes if rows]
+    assert len(captures) > 1 and max(n for n, _ in passes) <= 8
+    assert sum(captures) == int((captured["talker_input_ids"][0] == (291 if case == "image" else 290)).sum())
+
+
+def test_speech_about_media_after_a_cached_prefix(speaking_engine, chunked_engine):
+    """Pages cached by another request: the speaking one reuses those before the first
+    media row only (it must compute the hidden states there), and speaks as without a cache."""
+    kinds = MEDIA_CASES["image"]
+    long_system = [280, 284] + list(range(20, 50)) + [281, 12]   # two full pages before the user turn
+    prompt = long_system + user_turn_with(*kinds)[5:]
+    images, _ = media_inputs(kinds)
+    from omniwalk.capabilities.media import ImageInput
+    from omniwalk.capabilities.text import GenerationRequest, collect_generation
+
+    media = (ImageInput(images[0], "image 0"),)
+    cache = speaking_engine.loaded.served.cache
+    collect_generation(speaking_engine.submit(GenerationRequest(prompt_token_ids=prompt, max_tokens=2, media=media)))
+    hits = cache.num_cached_tokens_hit
+    cached = speak(speaking_engine, prompt, 5, 12, ignore_eos=True, media=media)
+    reused = cache.num_cached_tokens_hit - hits
+    first_media = prompt.index(291)
+    assert 0 < reused <= first_media and reused == first_media // 16 * 16
+    fresh = speak(chunked_engine, prompt, 5, 12, ignore_eos=True, media=media)
+    assert (cached.token_ids, cached.audio) == (fresh.token_ids, fresh.audio) and cached.audio
+    # text only, the same prompt: every cached page (the image's too)
+    hits = cache.num_cached_tokens_hit
+    collect_generation(speaking_engine.submit(GenerationRequest(prompt_token_ids=prompt, max_tokens=2, media=media)))
+    assert cache.num_cached_tokens_hit - hits > first_media
+
+
+def test_kept_hidden_states_survive_a_recompute():
+    """Rows are written chunk by chunk; a recompute after preemption leaves the written ones;
+    the holder crosses to the engine process empty."""
+    import pickle
+
+    from omniwalk.models.qwen3_omni.executors import MediaHidden
+
+    kept = MediaHidden((3, 4, 9, 10, 11))
+    kept.write(0, 2, torch.full((2, 4), 1.0))
+    kept.write(0, 3, torch.full((3, 4), 2.0))   # preempted, recomputed from the start: rows 0, 1 stay
+    assert not kept.complete
+    kept.write(2, 5, torch.full((3, 4), 3.0))
+    assert kept.complete and kept.states[:, 0].tolist() == [1.0, 1.0, 2.0, 3.0, 3.0]
+    again = pickle.loads(pickle.dumps(kept))
+    assert again.positions == kept.positions and again.states is None and again.written == 0
+    with pytest.raises(ValueError):
+        MediaHidden((4, 3))
