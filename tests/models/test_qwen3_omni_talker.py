@@ -347,6 +347,62 @@ def test_sampled_frames_follow_the_generator(talker):
     assert top1.tolist() == greedy.tolist()
 
 
+def assert_residual_graphs_match_sampler(talker, graphs, last_hidden, first_code, seeds, steps):
+    from omniwalk.engine.sampler import Sampler, SamplingParams
+    from omniwalk.models.qwen3_omni.residual_graphs import residual_settings
+
+    sampler, groups, n = Sampler(), talker.config.num_code_groups, len(seeds)
+    frames = []
+    for talker_params in ([SamplingParams(temperature=0.9), SamplingParams(temperature=0.0), SamplingParams()],
+                          [SamplingParams(temperature=0.0)] * 3):
+        settings = residual_settings(talker_params)
+
+        def pick(logits, group, settings=settings):
+            return sampler(logits, settings, seeds, [s * groups + group for s in steps], [[]] * n, [[]] * n).token_ids
+
+        expected = talker.predict_frame(last_hidden, first_code, pick)
+        got = graphs.run(last_hidden, first_code, talker_params, seeds, steps)
+        assert got.codes.tolist() == expected.codes.tolist()
+        torch.testing.assert_close(got.summed_embeds, expected.summed_embeds, atol=0, rtol=0)
+        frames.append(got.codes)
+    sampled, greedy = frames
+    assert sampled[1].tolist() == greedy[1].tolist() and sampled[0].tolist() != greedy[0].tolist()
+
+
+@torch.no_grad()
+def test_residual_graphs_pick_the_codes_the_engine_sampler_picks(talker):
+    # the code predictor's loop as `ResidualGraphs` runs it (static buffers, `sample_rows`;
+    # eager here, captured on CUDA) against the loop with the engine's `Sampler` picking each
+    # group: a batch of 3 in the bucket of 4, greedy and sampled rows mixed, then all greedy
+    from omniwalk.engine.sampler import SamplingParams
+    from omniwalk.models.qwen3_omni.residual_graphs import ResidualGraphs
+
+    graphs = ResidualGraphs(talker, 8, torch.device("cpu"), torch.float32)
+    last_hidden, first_code = random_rows(3, 10), torch.tensor([3, 1, 4])
+    seeds, steps, groups = [11, 12, 13], [0, 5, 9], talker.config.num_code_groups
+    assert_residual_graphs_match_sampler(talker, graphs, last_hidden, first_code, seeds, steps)
+    # another seed draws other sampled codes; the greedy row keeps its own
+    redrawn = graphs.run(last_hidden, first_code, [SamplingParams(temperature=0.9)] * 2 + [SamplingParams(temperature=0.0)],
+                         [99, 98, 13], steps)
+    alone = graphs.run(last_hidden[2:], first_code[2:], [SamplingParams(temperature=0.0)], [13], steps[2:])
+    assert redrawn.codes[2].tolist() == alone.codes[0].tolist()
+
+
+@pytest.mark.gpu
+@torch.no_grad()
+def test_residual_graphs_on_cuda_replay_the_eager_loop(talker):
+    # captured (per plan and bucket) on CUDA: the same codes as the eager loop on CUDA
+    import copy
+
+    from omniwalk.models.qwen3_omni.residual_graphs import ResidualGraphs
+
+    cuda_talker = copy.deepcopy(talker).cuda()
+    graphs = ResidualGraphs(cuda_talker, 8, torch.device("cuda"), torch.float32)
+    assert len(graphs.graphs) == 2 * len(graphs.sizes)
+    assert_residual_graphs_match_sampler(cuda_talker, graphs, random_rows(3, 10).cuda(),
+                                         torch.tensor([3, 1, 4], device="cuda"), [11, 12, 13], [0, 5, 9])
+
+
 # ----------------------------------------------------------------------------- generation parity
 
 

@@ -16,9 +16,10 @@ last one, samples the frame:
 
 The rows stay with the sequence (a preempted stream recomputes its KV from them). The first
 code is sampled by the engine's `Sampler` (penalties over the stream's first codes, seeded
-by (seed, step)); the residual codes too, each group with its own sample index, with the
-code predictor's settings (top-k 50, top-p 0.8 when the Talker samples; greedy when it is
-greedy), so a request's audio depends on its seed alone.
+by (seed, step)); the residual codes by the same stage functions inside the code
+predictor's loop (`residual_graphs.py`: one CUDA graph per batch bucket), each group with
+its own sample index, with the code predictor's settings (top-k 50, top-p 0.8 when the
+Talker samples; greedy when it is greedy), so a request's audio depends on its seed alone.
 """
 
 from __future__ import annotations
@@ -30,17 +31,14 @@ import torch
 
 from omniwalk.engine.attention import PagedAttention, build_metadata
 from omniwalk.engine.kv_cache import PagedKVCache
-from omniwalk.engine.sampler import Sampler, SamplingParams
+from omniwalk.engine.sampler import Sampler
 from omniwalk.graph import Chunk
 from omniwalk.models.qwen3_omni.code2wav import Code2Wav
 from omniwalk.models.qwen3_omni.positions import PromptPositions
+from omniwalk.models.qwen3_omni.residual_graphs import ResidualGraphs
 from omniwalk.models.qwen3_omni.talker import Talker
 from omniwalk.models.qwen3_omni.talker_prompt import TalkerPrompt, prompt_rows, text_rows, trailing_id
 from omniwalk.runtime.executor import NodeCall, NodeExecutor
-
-#: the code predictor's sampling when the Talker samples (transformers' generate)
-RESIDUAL_TOP_K, RESIDUAL_TOP_P = 50, 0.8
-
 
 @dataclass(frozen=True)
 class TalkerStart:
@@ -103,6 +101,8 @@ class TalkerExecutor(NodeExecutor):
         self.sampler = Sampler()
         self.sequences: dict[int, TalkerSequence] = {}
         self.suppressed = torch.tensor(self.config.suppressed_codec_ids, dtype=torch.long, device=self.device)
+        # the code predictor's loop: captured per batch bucket on CUDA, eager from the same buffers elsewhere
+        self.residual_graphs = ResidualGraphs(talker, max_batch_size, self.device, self.talker_dtype)
 
     # ------------------------------------------------------------ per-stream state
 
@@ -215,27 +215,12 @@ class TalkerExecutor(NodeExecutor):
         if not speaking:
             return results
         index = torch.tensor(speaking, device=self.device)
-        picked = [params[i] for i in speaking]
-        frame = self.talker.predict_frame(last_hidden.index_select(0, index), first.index_select(0, index),
-                                          self._residual_picker(picked, [sequences[i] for i in speaking]))
+        frame = self.residual_graphs.run(last_hidden.index_select(0, index), first.index_select(0, index),
+                                         [params[i].sampling for i in speaking], [params[i].seed for i in speaking],
+                                         [sequences[i].step for i in speaking])
         for k, (i, codes) in enumerate(zip(speaking, frame.codes.tolist())):
             results[i] = (tuple(codes), frame.summed_embeds[k])
         return results
-
-    def _residual_picker(self, params, sequences: list[TalkerSequence]):
-        """Picks code group g of every row with the engine's sampler: the Talker's greedy
-        rows greedy, its sampled ones with top-k 50 / top-p 0.8 at temperature 1."""
-        settings = [SamplingParams(temperature=0.0) if p.sampling.temperature == 0 else
-                    SamplingParams(temperature=1.0, top_k=RESIDUAL_TOP_K, top_p=RESIDUAL_TOP_P) for p in params]
-        seeds = [p.seed for p in params]
-        groups = self.config.num_code_groups
-
-        def pick(logits: torch.Tensor, group: int) -> torch.Tensor:
-            empty = [[] for _ in params]
-            return self.sampler(logits, settings, seeds, [s.step * groups + group for s in sequences], empty,
-                                empty).token_ids
-
-        return pick
 
 
 def _rope_of(sequence: TalkerSequence, start: int, count: int) -> np.ndarray:
