@@ -18,6 +18,14 @@ graphs read one rotary position per row (`SequenceState.rope_offset`).
 Prefix caching: the pages of a prompt are keyed by its ids, except media placeholders,
 which are keyed by their item's content hash (`ThinkerPrompt.cache_keys`): two requests with
 the same image share pages; two with different images never do, though their ids match.
+
+Speaking about media: the Talker's prompt reads the Thinker's hidden states (layer
+`accept_hidden_layer`) at the media rows of the user turns. A request that speaks and has
+such rows carries a `MediaHidden`; every eager pass over some of them asks the model for
+those rows alone (`HiddenCapture`, [rows, hidden]), written into it when the step commits,
+chunk by chunk. Such a prompt takes cached pages only before its first media row (the cache
+keeps KV, not hidden states); a recompute after preemption leaves the rows already kept.
+Other requests pass nothing and copy nothing.
 """
 
 from __future__ import annotations
@@ -235,11 +243,9 @@ class ThinkerExecutor(CausalLMExecutor):
             sequence.rope_offset = prompt.positions.offset
             sequence.cache_keys = prompt.cache_keys
             hidden = prompt.media_hidden
-            if hidden is not None and (self.hidden_layer is None or hidden.complete):
-                if self.hidden_layer is None:
-                    raise ValueError("this Thinker keeps no hidden states for a Talker")
-                hidden = None
-            sequence.media_hidden = hidden
+            if hidden is not None and self.hidden_layer is None:
+                raise ValueError("this Thinker keeps no hidden states for a Talker")
+            sequence.media_hidden = None if hidden is None or hidden.complete else hidden
             inputs = {"tokens": prompt.token_ids}
         super().begin(stream, inputs)
 

@@ -36,6 +36,11 @@ codec EOS or the frame budget. So audio starts while the Thinker still writes, a
 frames are those of transformers' generate, which speaks the finished answer. A request
 that asks for no audio ends its talker stream when the text ends, and its audio stream
 with it.
+
+Media in the prompt's user turns: the Talker's prompt reads the Thinker's hidden states
+there. The request carries a `MediaHidden` (`talker_media`, made by the frontend), which
+the Thinker's prefill fills (`ThinkerExecutor`); the talker prefill's `TalkerStart` takes
+its rows, and the Talker's (t, h, w) positions when the user turns hold images.
 """
 
 from __future__ import annotations
@@ -61,7 +66,9 @@ from omniwalk.models.qwen3_omni.speech_executors import (
 )
 from omniwalk.models.qwen3_omni.talker import Talker
 from omniwalk.models.qwen3_omni.talker_config import TalkerConfig
-from omniwalk.models.qwen3_omni.talker_prompt import media_positions, talker_positions, talker_prompt, user_turn_positions
+from omniwalk.models.qwen3_omni.talker_prompt import (
+    media_positions, talker_positions, talker_prompt, user_turn_positions,
+)
 from omniwalk.models.qwen3_omni.thinker import Thinker
 
 TEXT_STREAM = "text"

@@ -172,8 +172,8 @@ class TalkerExecutor(NodeExecutor):
         if all(s.rope is None for s in sequences):
             positions = torch.tensor([p for a, n in zip(starts, counts) for p in range(a, a + n)], device=self.device)
         else:   # a prompt with images: (t, h, w) positions
-            positions = torch.from_numpy(np.concatenate([_rope_of(s, a, n) for s, a, n in zip(sequences, starts, counts)],
-                                                        axis=1)).to(self.device)
+            rope = [_rope_of(s, a, n) for s, a, n in zip(sequences, starts, counts)]
+            positions = torch.from_numpy(np.concatenate(rope, axis=1)).to(self.device)
         metadata = build_metadata(self.cache, handles, starts, counts, self.device)
         hidden = self.talker(rows.to(self.talker_dtype), positions, PagedAttention(self.cache, metadata))
         ends = np.cumsum(counts) - 1
