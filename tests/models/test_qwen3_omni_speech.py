@@ -438,3 +438,41 @@ def test_kept_hidden_states_survive_a_recompute():
     assert again.positions == kept.positions and again.states is None and again.written == 0
     with pytest.raises(ValueError):
         MediaHidden((4, 3))
+
+
+def test_speech_about_media_under_preemption(hf_model, chunked_engine, tmp_path, monkeypatch):
+    """Four speaking requests about images in a KV cache too small for them: prefills are
+    preempted after keeping some media rows and recomputed; each speaks as it does alone."""
+    from omniwalk import Engine, EngineArgs
+    from omniwalk.capabilities.media import ImageInput
+    from omniwalk.capabilities.text import GenerationRequest, SpeechOutput, collect_generation
+    from omniwalk.engine.sampler import SamplingParams
+    from omniwalk.models.qwen3_omni.executors import ThinkerExecutor
+    from test_qwen3_omni import IMAGE, VISION_END, VISION_START, image
+
+    greedy = SamplingParams(temperature=0.0)
+    # the image first, then a long text: a prefill keeps the image's rows, then is preempted
+    prompt = [280, 282, VISION_START, IMAGE, VISION_END] + list(range(20, 80)) + [281, 12, 280, 283, 12]
+    requests = [GenerationRequest(prompt_token_ids=prompt, max_tokens=16, ignore_eos=True, sampling=greedy,
+                                  media=(ImageInput(image(20 + i), "image 0"),),
+                                  speech=SpeechOutput("ethan", 5, sampling=greedy)) for i in range(4)]
+    alone = [collect_generation(chunked_engine.submit(r)) for r in requests]
+    hf_model.save_pretrained(tmp_path)
+    write_preprocessing(tmp_path)
+    mid_prefill, preempt = [], ThinkerExecutor.preempt
+
+    def spy(self, stream):
+        sequence = self.sequences[stream.handle]
+        if sequence.media is not None and 3 < sequence.num_computed < sequence.prompt_len:
+            mid_prefill.append(sequence.num_computed)   # past the image's rows, before the prompt's end
+        return preempt(self, stream)
+
+    monkeypatch.setattr(ThinkerExecutor, "preempt", spy)
+    args = EngineArgs(str(tmp_path), dtype="float32", device="cpu", max_model_len=256, kv_cache_tokens=128,
+                      page_size=8, max_num_batched_tokens=8, enable_prefix_caching=False)
+    with Engine(args) as tight:
+        together = [collect_generation(s) for s in [tight.submit(r) for r in requests]]
+        assert tight.stats.num_preemptions > 0
+    assert mid_prefill
+    assert [(r.token_ids, r.audio) for r in together] == [(r.token_ids, r.audio) for r in alone]
+    assert all(r.audio for r in alone)
