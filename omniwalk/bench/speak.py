@@ -102,8 +102,8 @@ def run_speak_bench(args: argparse.Namespace, argv: list[str] | None = None) -> 
     if args.baseline is not None:
         raise ValueError("--baseline is for text generation, not --speak")
     if args.audio_seconds is not None:
-        raise ValueError("--audio-seconds (audio in) is not supported with --speak: a spoken answer to a prompt "
-                         "with audio is not served yet")
+        raise ValueError("--audio-seconds (audio in) is not part of --speak's workload yet (the server speaks "
+                         "about audio in the prompt; the bench sends text prompts only)")
     frames = LengthRange.parse(args.audio_frames or DEFAULT_AUDIO_FRAMES)
     resolve_concurrencies(args)   # bad values fail before anything loads
     if args.url and args.model is None:

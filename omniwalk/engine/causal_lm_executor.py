@@ -172,7 +172,7 @@ class CausalLMExecutor(NodeExecutor):
                 sequence.history = TokenHistory(tokens)
         sequence.token_ids.extend(tokens)
         if sequence.num_computed == 0:   # shared prompt prefixes are computed once
-            sequence.num_computed = self.cache.match_prefix(stream.handle, self._prefix_key(sequence))
+            sequence.num_computed = self.cache.match_prefix(stream.handle, self._prefix_match_key(sequence))
 
     def pending_work(self, stream) -> int:
         sequence = self.sequences[stream.handle]
@@ -322,6 +322,11 @@ class CausalLMExecutor(NodeExecutor):
         """Hook: what the prefix cache keys a sequence's pages by (its ids, unless ids alone
         do not determine the KV: media placeholders, keyed by their content instead)."""
         return sequence.token_ids
+
+    def _prefix_match_key(self, sequence: SequenceState) -> list[int]:
+        """Hook: the keys a new sequence's prompt looks up cached pages by (`_prefix_key`;
+        a shorter list takes no hit past its end: a prefill that must compute some rows)."""
+        return self._prefix_key(sequence)
 
     def _eager_inputs(self, handles: list[int], query_lens: list[int]) -> tuple:
         """Hook: the model's inputs beyond ids, positions and attention in an eager pass

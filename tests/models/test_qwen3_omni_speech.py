@@ -89,8 +89,18 @@ def speaking_engine(hf_model, tmp_path_factory):
 
     folder = tmp_path_factory.mktemp("qwen3-omni-full")
     hf_model.save_pretrained(folder)
+    write_preprocessing(folder)
     with Engine(EngineArgs(str(folder), dtype="float32", device="cpu", max_model_len=256)) as engine:
         yield engine
+
+
+def write_preprocessing(folder) -> None:
+    """The image and audio preprocessing of the tiny Thinker's media tests."""
+    import json
+
+    from test_qwen3_omni import MELS, PREPROCESSING
+
+    (folder / "preprocessor_config.json").write_text(json.dumps(PREPROCESSING | {"feature_size": MELS}))
 
 
 def speak(engine, prompt, max_tokens, max_frames, stop_token_ids=(), **kw):
@@ -227,3 +237,244 @@ def test_cancel_mid_speech_frees_every_component(speaking_engine):
     assert not executors["talker"].sequences and not executors["thinker"].sequences
     # what stays is what was there before (the Talker's graphs hold a scratch page, for good)
     assert [cache.allocator.num_used for cache in caches] == used_before
+
+
+# ----------------------------------------------------------------------------- speaking about media
+
+def user_turn_with(*media):
+    """A system turn, then a user turn holding `media` (placeholder ids) and text, then the
+    assistant's turn opened: the Talker reads the user turn, its media rows as the
+    Thinker's hidden states."""
+    from test_qwen3_omni import AUDIO, AUDIO_END, AUDIO_START, IMAGE, VISION_END, VISION_START
+
+    markers = {"image": [VISION_START, IMAGE, VISION_END], "audio": [AUDIO_START, AUDIO, AUDIO_END]}
+    user = [13] + [token for kind in media for token in markers[kind]] + [14, 15]
+    return [280, 284, 10, 11, 281, 12, 280, 282] + user + [281, 12, 280, 283, 12]
+
+
+MEDIA_CASES = {"image": ("image",), "audio": ("audio",)}
+
+
+def media_inputs(kinds):
+    from test_qwen3_omni import clip, image
+
+    images = tuple(image(5) for kind in kinds if kind == "image")
+    clips = tuple(clip(4) for kind in kinds if kind == "audio")
+    return images, clips
+
+
+def hf_speak_media(model, kinds, talker_tokens: int, max_new_tokens: int = 6):
+    """transformers' generate(return_audio=True) on a prompt with media: (answer, wav, the
+    Talker's inputs). Its answer ends on its stop token: the 4th token of a first run."""
+    from test_qwen3_omni import hf_inputs
+
+    images, clips = media_inputs(kinds)
+    input_ids, kwargs = hf_inputs(user_turn_with(*kinds), images, clips)
+    captured = {}
+    talker_generate = model.talker.generate
+
+    def spy(**kw):
+        captured.update(kw)
+        return talker_generate(**kw)
+
+    def run(eos, tokens):
+        sequences, wav = model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
+                                        thinker_max_new_tokens=max_new_tokens, thinker_eos_token_id=eos,
+                                        talker_max_new_tokens=tokens, talker_do_sample=False,
+                                        talker_repetition_penalty=1.0, speaker="Ethan", **kwargs)
+        return sequences[0, input_ids.shape[1]:].tolist(), wav
+
+    model.talker.generate = spy
+    try:
+        first, _ = run(281, 2)
+        eos = first[3]
+        answer, wav = run(eos, talker_tokens)
+    finally:
+        model.talker.generate = talker_generate
+    assert answer[-1] == eos and eos not in answer[:-1]
+    return answer, wav, captured
+
+
+@pytest.fixture(scope="module")
+def hf_media_spoken(hf_model):
+    return {case: hf_speak_media(hf_model, kinds, talker_tokens=24) for case, kinds in MEDIA_CASES.items()}
+
+
+def speak_media(engine, kinds, max_tokens, max_frames, **kw):
+    from omniwalk.capabilities.media import AudioInput, ImageInput
+
+    images, clips = media_inputs(kinds)
+    media = tuple(ImageInput(img, f"image {i}") for i, img in enumerate(images))
+    media += tuple(AudioInput(c, f"audio {i}") for i, c in enumerate(clips))
+    return speak(engine, user_turn_with(*kinds), max_tokens, max_frames, media=media, **kw)
+
+
+def hf_talker_positions(model, captured) -> torch.Tensor:
+    """[3, rows] the rotary positions of transformers' Talker prefill (plain without images)."""
+    ids = captured["talker_input_ids"]
+    grid = captured.get("image_grid_thw")
+    if grid is None:
+        return torch.arange(ids.shape[1]).expand(3, -1)
+    positions, _ = model.talker.get_rope_index(ids, grid, None, torch.ones_like(ids))
+    return positions[:, 0].long()
+
+
+@pytest.mark.parametrize("case", list(MEDIA_CASES))
+def test_speech_about_media_equals_transformers(hf_model, hf_media_spoken, speaking_engine, case):
+    """An image or an audio clip in the user turn: the Talker reads the Thinker's hidden
+    states (`accept_hidden_layer`) at its rows; greedy text and audio == transformers'."""
+    answer, wav, captured = hf_media_spoken[case]
+    eos = answer[-1]
+    frames = 23   # the Talker's 24 tokens: 23 frames, then it stops at its budget
+    talker = speaking_engine.model.executors["talker"]
+    seen = {}
+    prompt_rows, forward = talker._prompt_rows, talker.talker.forward
+
+    def spy_rows(prompt, media_hidden):
+        seen.setdefault("rows", prompt_rows(prompt, media_hidden))
+        seen.setdefault("media_rows", prompt.media_rows)
+        return seen["rows"]
+
+    def spy_forward(rows, positions, attention):
+        seen.setdefault("positions", positions.clone())   # the prefill's: one pass (no chunk limit here)
+        return forward(rows, positions, attention)
+
+    talker._prompt_rows, talker.talker.forward = spy_rows, spy_forward
+    try:
+        result = speak_media(speaking_engine, MEDIA_CASES[case], 6, frames, stop_token_ids=[eos])
+    finally:
+        del talker._prompt_rows, talker.talker.forward
+    assert result.token_ids == answer
+    # the Talker's prefill rows: its media rows are the Thinker's hidden states there, projected
+    assert len(seen["media_rows"]) > 0
+    torch.testing.assert_close(seen["rows"], captured["inputs_embeds"][0], rtol=1e-5, atol=1e-5)
+    # and its rotary positions: (t, h, w) with an image, as transformers' Talker reads them
+    positions = seen["positions"] if seen["positions"].dim() == 2 else seen["positions"].expand(3, -1)
+    assert positions.tolist() == hf_talker_positions(hf_model, captured).tolist()
+    assert (case == "image") == (seen["positions"].dim() == 2)
+    ours = np.frombuffer(result.audio, "<i2").astype(np.float32) / 32767
+    expected = wav.reshape(-1).numpy()
+    assert ours.shape == expected.shape and expected.size > 0
+    assert np.abs(ours - expected).max() < 2e-4
+
+
+@pytest.fixture(scope="module")
+def chunked_engine(hf_model, tmp_path_factory):
+    """The same checkpoint, prefilling at most 8 tokens a step, no prefix cache."""
+    from omniwalk import Engine, EngineArgs
+
+    folder = tmp_path_factory.mktemp("qwen3-omni-full-chunked")
+    hf_model.save_pretrained(folder)
+    write_preprocessing(folder)
+    with Engine(EngineArgs(str(folder), dtype="float32", device="cpu", max_model_len=256, max_num_batched_tokens=8,
+                           enable_prefix_caching=False)) as engine:
+        yield engine
+
+
+@pytest.mark.parametrize("case", list(MEDIA_CASES))
+def test_speech_about_media_with_chunked_prefill(hf_media_spoken, chunked_engine, case):
+    """A prompt prefilled 8 tokens at a time: the hidden states kept chunk by chunk make the
+    same text and frames."""
+    answer, wav, captured = hf_media_spoken[case]
+    thinker = chunked_engine.model.executors["thinker"]
+    passes, forward = [], thinker.model.forward
+
+    def spy(input_ids, positions, attention, *extra):
+        passes.append((len(input_ids), extra[1].rows.numel() if len(extra) > 1 else 0))
+        return forward(input_ids, positions, attention, *extra)
+
+    thinker.model.forward = spy
+    try:
+        result = speak_media(chunked_engine, MEDIA_CASES[case], 6, 23, stop_token_ids=[answer[-1]])
+    finally:
+        del thinker.model.forward
+    assert result.token_ids == answer
+    ours = np.frombuffer(result.audio, "<i2").astype(np.float32) / 32767
+    assert ours.shape == wav.reshape(-1).shape and np.abs(ours - wav.reshape(-1).numpy()).max() < 2e-4
+    # the media rows were kept by several passes of at most 8 tokens
+    captures = [rows for _, rows in passes if rows]
+    assert len(captures) > 1 and max(n for n, _ in passes) <= 8
+    assert sum(captures) == int((captured["talker_input_ids"][0] == (291 if case == "image" else 290)).sum())
+
+
+def test_speech_about_media_after_a_cached_prefix(speaking_engine, chunked_engine):
+    """Pages cached by another request: the speaking one reuses those before the first
+    media row only (it must compute the hidden states there), and speaks as without a cache."""
+    kinds = MEDIA_CASES["image"]
+    long_system = [280, 284] + list(range(20, 50)) + [281, 12]   # two full pages before the user turn
+    prompt = long_system + user_turn_with(*kinds)[5:]
+    images, _ = media_inputs(kinds)
+    from omniwalk.capabilities.media import ImageInput
+    from omniwalk.capabilities.text import GenerationRequest, collect_generation
+
+    media = (ImageInput(images[0], "image 0"),)
+    cache = speaking_engine.loaded.served.cache
+    collect_generation(speaking_engine.submit(GenerationRequest(prompt_token_ids=prompt, max_tokens=2, media=media)))
+    hits = cache.num_cached_tokens_hit
+    cached = speak(speaking_engine, prompt, 5, 12, ignore_eos=True, media=media)
+    reused = cache.num_cached_tokens_hit - hits
+    first_media = prompt.index(291)
+    assert 0 < reused <= first_media and reused == first_media // 16 * 16
+    fresh = speak(chunked_engine, prompt, 5, 12, ignore_eos=True, media=media)
+    assert (cached.token_ids, cached.audio) == (fresh.token_ids, fresh.audio) and cached.audio
+    # text only, the same prompt: every cached page (the image's too)
+    hits = cache.num_cached_tokens_hit
+    collect_generation(speaking_engine.submit(GenerationRequest(prompt_token_ids=prompt, max_tokens=2, media=media)))
+    assert cache.num_cached_tokens_hit - hits > first_media
+
+
+def test_kept_hidden_states_survive_a_recompute():
+    """Rows are written chunk by chunk; a recompute after preemption leaves the written ones;
+    the holder crosses to the engine process empty."""
+    import pickle
+
+    from omniwalk.models.qwen3_omni.executors import MediaHidden
+
+    kept = MediaHidden((3, 4, 9, 10, 11))
+    kept.write(0, 2, torch.full((2, 4), 1.0))
+    kept.write(0, 3, torch.full((3, 4), 2.0))   # preempted, recomputed from the start: rows 0, 1 stay
+    assert not kept.complete
+    kept.write(2, 5, torch.full((3, 4), 3.0))
+    assert kept.complete and kept.states[:, 0].tolist() == [1.0, 1.0, 2.0, 3.0, 3.0]
+    again = pickle.loads(pickle.dumps(kept))
+    assert again.positions == kept.positions and again.states is None and again.written == 0
+    with pytest.raises(ValueError):
+        MediaHidden((4, 3))
+
+
+def test_speech_about_media_under_preemption(hf_model, chunked_engine, tmp_path, monkeypatch):
+    """Four speaking requests about images in a KV cache too small for them: prefills are
+    preempted after keeping some media rows and recomputed; each speaks as it does alone."""
+    from omniwalk import Engine, EngineArgs
+    from omniwalk.capabilities.media import ImageInput
+    from omniwalk.capabilities.text import GenerationRequest, SpeechOutput, collect_generation
+    from omniwalk.engine.sampler import SamplingParams
+    from omniwalk.models.qwen3_omni.executors import ThinkerExecutor
+    from test_qwen3_omni import IMAGE, VISION_END, VISION_START, image
+
+    greedy = SamplingParams(temperature=0.0)
+    # the image first, then a long text: a prefill keeps the image's rows, then is preempted
+    prompt = [280, 282, VISION_START, IMAGE, VISION_END] + list(range(20, 80)) + [281, 12, 280, 283, 12]
+    requests = [GenerationRequest(prompt_token_ids=prompt, max_tokens=16, ignore_eos=True, sampling=greedy,
+                                  media=(ImageInput(image(20 + i), "image 0"),),
+                                  speech=SpeechOutput("ethan", 5, sampling=greedy)) for i in range(4)]
+    alone = [collect_generation(chunked_engine.submit(r)) for r in requests]
+    hf_model.save_pretrained(tmp_path)
+    write_preprocessing(tmp_path)
+    mid_prefill, preempt = [], ThinkerExecutor.preempt
+
+    def spy(self, stream):
+        sequence = self.sequences[stream.handle]
+        if sequence.media is not None and 3 < sequence.num_computed < sequence.prompt_len:
+            mid_prefill.append(sequence.num_computed)   # past the image's rows, before the prompt's end
+        return preempt(self, stream)
+
+    monkeypatch.setattr(ThinkerExecutor, "preempt", spy)
+    args = EngineArgs(str(tmp_path), dtype="float32", device="cpu", max_model_len=256, kv_cache_tokens=128,
+                      page_size=8, max_num_batched_tokens=8, enable_prefix_caching=False)
+    with Engine(args) as tight:
+        together = [collect_generation(s) for s in [tight.submit(r) for r in requests]]
+        assert tight.stats.num_preemptions > 0
+    assert mid_prefill
+    assert [(r.token_ids, r.audio) for r in together] == [(r.token_ids, r.audio) for r in alone]
+    assert all(r.audio for r in alone)

@@ -176,3 +176,25 @@ def test_generate_speaks(server, client):
 def test_audio_speech_route_says_where_the_audio_is(server):
     response = httpx.post(server.url + "/v1/audio/speech", json={"model": MODEL, "input": "hi", "voice": "ethan"})
     assert response.status_code == 400 and "chat/completions" in response.json()["error"]["message"]
+
+
+def test_spoken_answer_about_an_image_and_audio(client):
+    """Speaking about media in the prompt: a 200 with audio, streamed == not."""
+    frames = 3
+    common = dict(model=MODEL, messages=[{"role": "user", "content": content(2)}], max_tokens=3, temperature=0,
+                  seed=7, modalities=["text", "audio"])
+    whole = client.chat.completions.create(
+        **common, audio={"voice": "Ethan", "format": "wav"},
+        extra_body={"ignore_eos": True, "audio": {"voice": "Ethan", "format": "wav", "max_frames": frames}})
+    audio = whole.choices[0].message.audio
+    samples, rate = soundfile.read(io.BytesIO(base64.b64decode(audio.data)), dtype="int16")
+    assert rate == 24000 and len(samples) == frames * SAMPLES_PER_FRAME - LOOKAHEAD and np.abs(samples).max() > 0
+    assert audio.transcript and whole.usage.completion_tokens_details.audio_tokens == frames
+    assert whole.usage.prompt_tokens > 20   # the image's and the clip's placeholders
+    pcm = b"".join(base64.b64decode(choice.delta.audio.data or "")
+                   for event in client.chat.completions.create(
+                       **common, audio={"voice": "Ethan", "format": "pcm16"}, stream=True,
+                       extra_body={"ignore_eos": True, "audio": {"voice": "Ethan", "format": "pcm16",
+                                                                 "max_frames": frames}})
+                   for choice in event.choices if choice.delta.audio is not None)
+    assert pcm == samples.tobytes()

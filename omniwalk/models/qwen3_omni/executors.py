@@ -18,6 +18,14 @@ graphs read one rotary position per row (`SequenceState.rope_offset`).
 Prefix caching: the pages of a prompt are keyed by its ids, except media placeholders,
 which are keyed by their item's content hash (`ThinkerPrompt.cache_keys`): two requests with
 the same image share pages; two with different images never do, though their ids match.
+
+Speaking about media: the Talker's prompt reads the Thinker's hidden states (layer
+`accept_hidden_layer`) at the media rows of the user turns. A request that speaks and has
+such rows carries a `MediaHidden`; every eager pass over some of them asks the model for
+those rows alone (`HiddenCapture`, [rows, hidden]), written into it when the step commits,
+chunk by chunk. Such a prompt takes cached pages only before its first media row (the cache
+keeps KV, not hidden states); a recompute after preemption leaves the rows already kept.
+Other requests pass nothing and copy nothing.
 """
 
 from __future__ import annotations
@@ -101,6 +109,56 @@ class MediaSpan:
     length: int
 
 
+class MediaHidden:
+    """The Thinker's hidden states at layer `accept_hidden_layer` at some prompt positions
+    (the media rows of user turns, which the Talker's prompt reads): made empty with a
+    request that speaks about media, written by the Thinker's prefill, read once by the
+    talker stream's first walk (`talker_plan`).
+
+    Rows are written in prompt order, chunk by chunk (`written`: how many so far); a
+    recompute after preemption finds them written and leaves them. Only the prefill
+    writes them, so its sequence takes no prefix-cache hit past the first of them
+    (`ThinkerExecutor._prefix_match_key`)."""
+
+    def __init__(self, positions: tuple[int, ...]):
+        if not positions or list(positions) != sorted(set(positions)):
+            raise ValueError("media hidden states need increasing prompt positions")
+        self.positions = tuple(positions)
+        self.index = np.asarray(positions, dtype=np.int64)
+        self.states: torch.Tensor | None = None   # [len(positions), hidden] once the first row is written
+        self.written = 0
+
+    @property
+    def complete(self) -> bool:
+        return self.written == len(self.positions)
+
+    def write(self, lo: int, hi: int, rows: torch.Tensor) -> None:
+        """Rows [lo, hi) of `positions` (rows: [hi - lo, hidden]); rows before `written` stay."""
+        if self.states is None:
+            self.states = rows.new_empty(len(self.positions), rows.shape[-1])
+        skip = max(0, self.written - lo)
+        if lo + skip < hi:
+            self.states[lo + skip : hi] = rows[skip:]
+        self.written = max(self.written, hi)
+
+    def __getstate__(self):   # crosses to the engine process before anything is written
+        return {"positions": self.positions}
+
+    def __setstate__(self, state):
+        self.__init__(state["positions"])
+
+
+@dataclass
+class HiddenCapture:
+    """An eager pass's request for hidden states: the pass's token rows `rows` at
+    `layer` (transformers' `hidden_states[layer]`: 0 the embeddings, i the output of layer
+    i - 1 before deepstack is added, the last the final norm's output). The model sets `states`."""
+
+    rows: torch.Tensor    # [n] int64 on the device
+    layer: int
+    states: torch.Tensor | None = None
+
+
 @dataclass(frozen=True)
 class ThinkerPrompt:
     """The language model's prefill input: the expanded prompt and what its media became."""
@@ -111,6 +169,7 @@ class ThinkerPrompt:
     cache_keys: list[int] | None = None               # prefix-cache keys (None: the ids)
     audio_embeds: list[torch.Tensor] = field(default_factory=list)
     image_embeds: list[EncodedImage] = field(default_factory=list)
+    media_hidden: MediaHidden | None = None           # speaking about media: the Talker's rows to keep
 
 
 @dataclass
@@ -128,6 +187,7 @@ class PromptMedia:
 class ThinkerSequence(SequenceState):
     media: PromptMedia | None = None
     cache_keys: list[int] | None = None    # the prompt's prefix-cache keys
+    media_hidden: MediaHidden | None = None   # rows the prefill keeps for the Talker, until all are written
 
 
 def assemble_media(prompt: ThinkerPrompt) -> PromptMedia | None:
@@ -159,7 +219,19 @@ def assemble_media(prompt: ThinkerPrompt) -> PromptMedia | None:
 class ThinkerExecutor(CausalLMExecutor):
     """Node `thinker`: the language model, `inputs=("tokens",)` (a ThinkerPrompt to prefill,
     then each sampled token), `outputs=("token", "logprobs")`. Every stream's sequence is a
-    `ThinkerSequence` (made by `begin` from the prefill's ThinkerPrompt)."""
+    `ThinkerSequence` (made by `begin` from the prefill's ThinkerPrompt).
+
+    `hidden_layer`: the layer whose hidden states a prompt's `MediaHidden` keeps (the
+    Talker's `accept_hidden_layer`; None on a model that does not speak). A pass whose
+    rows hold such positions captures them (`HiddenCapture`); they are written into the
+    request's `MediaHidden` once the step succeeded (`_commit_states`)."""
+
+    def __init__(self, *args, hidden_layer: int | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        if hidden_layer is not None and not 0 <= hidden_layer <= len(self.model.model.layers):
+            raise ValueError(f"hidden layer {hidden_layer} of a Thinker of {len(self.model.model.layers)} layers")
+        self.hidden_layer = hidden_layer
+        self._captures: list[tuple[MediaHidden, int, int, HiddenCapture, int]] = []   # this step's, uncommitted
 
     def begin(self, stream, inputs) -> None:
         prompt = inputs["tokens"]
@@ -170,6 +242,10 @@ class ThinkerExecutor(CausalLMExecutor):
             sequence.media = assemble_media(prompt)
             sequence.rope_offset = prompt.positions.offset
             sequence.cache_keys = prompt.cache_keys
+            hidden = prompt.media_hidden
+            if hidden is not None and self.hidden_layer is None:
+                raise ValueError("this Thinker keeps no hidden states for a Talker")
+            sequence.media_hidden = None if hidden is None or hidden.complete else hidden
             inputs = {"tokens": prompt.token_ids}
         super().begin(stream, inputs)
 
@@ -179,19 +255,37 @@ class ThinkerExecutor(CausalLMExecutor):
             return sequence.token_ids
         return keys + sequence.token_ids[len(keys):]
 
+    def _prefix_match_key(self, sequence: ThinkerSequence) -> list[int]:
+        key = self._prefix_key(sequence)
+        hidden = sequence.media_hidden
+        if hidden is None:
+            return key
+        # the prefill computes the rows the Talker reads: cached pages only before the first
+        return key[: hidden.positions[0] + 1]
+
     def _graphable(self, handles: list[int]) -> bool:
         # a prompt with media needs its embeddings and (t, h, w) positions: an eager pass
         return all(self.sequences[h].media is None for h in handles)
 
     def _eager_inputs(self, handles: list[int], query_lens: list[int]) -> tuple:
+        if self._captures:   # a pass that failed before its commit
+            self._captures = []
         sequences = [self.sequences[h] for h in handles]
         if all(s.media is None for s in sequences):
             return ()
         rope, embed_rows, embeds, ds_rows, deepstack = [], [], [], [], []
+        capture_rows, captures = [], []
         offset = 0   # the row's first token in the pass
         for sequence, count in zip(sequences, query_lens):
             start, end = sequence.num_computed, sequence.num_computed + count
             media = sequence.media
+            hidden = sequence.media_hidden
+            if hidden is not None:
+                lo, hi = np.searchsorted(hidden.index, (start, end))
+                lo = max(lo, hidden.written)   # rows a pass before this one (preempted since) wrote
+                if hi > lo:
+                    captures.append((hidden, int(lo), int(hi), sum(len(r) for r in capture_rows)))
+                    capture_rows.append(hidden.index[lo:hi] - start + offset)
             # the prompt's own (t, h, w) positions up to prompt_end, then text positions
             prompt_end = (max(start, min(end, sequence.prompt_len)) if media is not None and media.rope is not None
                           else start)
@@ -216,4 +310,19 @@ class ThinkerExecutor(CausalLMExecutor):
             deepstack_rows=to_device(np.concatenate(ds_rows), torch.long, device) if ds_rows else None,
             deepstack=torch.cat(deepstack, dim=1) if deepstack else None,
         )
-        return (chunk,)
+        if not captures:
+            return (chunk,)
+        capture = HiddenCapture(to_device(np.concatenate(capture_rows), torch.long, device), self.hidden_layer)
+        self._captures = [(hidden, lo, hi, capture, first) for hidden, lo, hi, first in captures]
+        return (chunk, capture)
+
+    def _commit_states(self, handles: list[int]) -> None:
+        if not self._captures:
+            return
+        captures, self._captures = self._captures, []
+        for hidden, lo, hi, capture, first in captures:
+            hidden.write(lo, hi, capture.states[first : first + hi - lo])
+        for handle in handles:   # a sequence whose rows are all kept looks no further
+            sequence = self.sequences[handle]
+            if sequence.media_hidden is not None and sequence.media_hidden.complete:
+                sequence.media_hidden = None

@@ -29,7 +29,7 @@ from omniwalk.models.qwen3_omni.code2wav import emitted_samples
 from omniwalk.models.qwen3_omni.config import MEDIA_MARKER_TOKENS, TINY_MEDIA_TOKENS, ThinkerConfig
 from omniwalk.models.qwen3_omni.executors import ImagePatches, MediaSpan
 from omniwalk.models.qwen3_omni.media import AudioProcessor, ImageProcessor, audio_token_count, decode_image
-from omniwalk.models.qwen3_omni.model import AUDIO_STREAM, TALKER_STREAM, TEXT_STREAM, ThinkerRequest
+from omniwalk.models.qwen3_omni.model import AUDIO_STREAM, TALKER_STREAM, TEXT_STREAM, ThinkerRequest, talker_media
 from omniwalk.models.qwen3_omni.talker_prompt import assistant_start
 from omniwalk.models.qwen3_omni.positions import prompt_positions
 from omniwalk.runtime import Request, StopConfig, StreamParams
@@ -80,8 +80,6 @@ class ThinkerTextFrontend(TextFrontend):
         except KeyError as exc:
             raise ValueError(exc.args[0]) from None
         prompt: ThinkerRequest = prepared.request.inputs
-        if prompt.spans:
-            raise ValueError("speaking about images or audio in the prompt is not supported yet; ask for text only")
         try:
             assistant_start(prompt.token_ids, talker.prompt)
         except ValueError:
@@ -99,7 +97,10 @@ class ThinkerTextFrontend(TextFrontend):
                                         request.speech.sampling, text.seed),
             AUDIO_STREAM: StreamParams(),
         }
-        runtime_request = Request(prepared.request.request_id, dataclasses.replace(prompt, speaker=speaker), streams)
+        # media in the user turns: the Talker reads the Thinker's hidden states there
+        media_hidden = talker_media(prompt, talker) if prompt.spans else None
+        runtime_request = Request(prepared.request.request_id,
+                                  dataclasses.replace(prompt, speaker=speaker, media_hidden=media_hidden), streams)
         prepared.processor.speaks(TALKER_STREAM, AUDIO_STREAM)
         return Prepared(runtime_request, prepared.processor, prepared.prompt_token_ids)
 

@@ -36,6 +36,11 @@ codec EOS or the frame budget. So audio starts while the Thinker still writes, a
 frames are those of transformers' generate, which speaks the finished answer. A request
 that asks for no audio ends its talker stream when the text ends, and its audio stream
 with it.
+
+Media in the prompt's user turns: the Talker's prompt reads the Thinker's hidden states
+there. The request carries a `MediaHidden` (`talker_media`, made by the frontend), which
+the Thinker's prefill fills (`ThinkerExecutor`); the talker prefill's `TalkerStart` takes
+its rows, and the Talker's (t, h, w) positions when the user turns hold images.
 """
 
 from __future__ import annotations
@@ -52,7 +57,7 @@ from omniwalk.graph import (
     StreamView, ToClient, ToStream, Walk, WalkCall,
 )
 from omniwalk.models.qwen3_omni.executors import (
-    AudioEncoderExecutor, ImagePatches, MediaSpan, ThinkerExecutor, ThinkerPrompt, VisionEncoderExecutor,
+    AudioEncoderExecutor, ImagePatches, MediaHidden, MediaSpan, ThinkerExecutor, ThinkerPrompt, VisionEncoderExecutor,
 )
 from omniwalk.models.qwen3_omni.positions import PromptPositions
 from omniwalk.models.qwen3_omni.code2wav import Code2Wav, exact_left_context
@@ -61,7 +66,9 @@ from omniwalk.models.qwen3_omni.speech_executors import (
 )
 from omniwalk.models.qwen3_omni.talker import Talker
 from omniwalk.models.qwen3_omni.talker_config import TalkerConfig
-from omniwalk.models.qwen3_omni.talker_prompt import talker_prompt
+from omniwalk.models.qwen3_omni.talker_prompt import (
+    media_positions, talker_positions, talker_prompt, user_turn_positions,
+)
 from omniwalk.models.qwen3_omni.thinker import Thinker
 
 TEXT_STREAM = "text"
@@ -113,7 +120,9 @@ def thinker_graph(speaks: bool = False, code2wav_chunks: LeftContext | None = No
 class ThinkerRequest:
     """The preprocessed request (omniwalk.models.qwen3_omni.frontend): the prompt with each
     media item's placeholders expanded, and the items ready for their encoders. `speaker`:
-    the codec id of the voice to speak the answer in, None for text only."""
+    the codec id of the voice to speak the answer in, None for text only. `media_hidden`:
+    for a spoken answer to a prompt with media in its user turns, where the Thinker's
+    prefill keeps its hidden states at those rows for the Talker (`talker_media`)."""
 
     token_ids: list[int]
     positions: PromptPositions
@@ -122,6 +131,7 @@ class ThinkerRequest:
     images: tuple[ImagePatches, ...] = ()
     cache_keys: list[int] | None = None
     speaker: int | None = None
+    media_hidden: MediaHidden | None = None
 
 
 def thinker_plan(view: StreamView) -> WalkCall | None:
@@ -134,7 +144,7 @@ def thinker_plan(view: StreamView) -> WalkCall | None:
     if last in (None, "encode_audio", "encode_images"):
         return WalkCall("prefill", {"tokens": ThinkerPrompt(
             request.token_ids, request.positions, request.spans, request.cache_keys,
-            view.kept.get("audio_embeds", []), view.kept.get("image_embeds", []))})
+            view.kept.get("audio_embeds", []), view.kept.get("image_embeds", []), request.media_hidden)})
     if last == "prefill":
         return WalkCall("decode", {"tokens": view.kept["token"]})
     return None
@@ -152,12 +162,39 @@ def talker_plan(view: StreamView, config: TalkerConfig) -> WalkCall | None:
         if chunk is None or not chunk.items:   # the text ended before it said anything
             return None
         prompt = talker_prompt(request.token_ids, chunk.items, request.speaker, config)
-        return WalkCall("talker_prefill", {"codes": TalkerStart(prompt, text_ended=chunk.is_final)})
+        if not prompt.media_rows:
+            return WalkCall("talker_prefill", {"codes": TalkerStart(prompt, text_ended=chunk.is_final)})
+        hidden = request.media_hidden
+        if hidden is None or hidden.positions != prompt.media_positions or not hidden.complete:
+            raise ValueError("the Thinker's prefill kept no hidden states for the media the Talker reads")
+        return WalkCall("talker_prefill", {"codes": TalkerStart(
+            prompt, text_ended=chunk.is_final, media_hidden=hidden.states,
+            positions=talker_positions(config, prompt, user_image_grids(request, config)))})
     if view.last_walk == "talker_decode":
         return None
     if chunk is not None and chunk.num_new:
         return WalkCall("talker_step", {"codes": TextMore(tuple(chunk.items), ended=chunk.is_final)})
     return WalkCall("talker_decode", {"codes": TextEnd()})
+
+
+def user_image_grids(request: ThinkerRequest, config: TalkerConfig) -> list[tuple[int, int, int]]:
+    """The merged (t, h, w) grids of the images in the prompt's user turns, in order: what
+    the Talker's rotary positions read (the rows it takes from the prompt are its user turns')."""
+    user = set(user_turn_positions(request.token_ids, config.prompt))
+    merge = config.media.spatial_merge_size
+    grids = []
+    for span in request.spans:
+        if span.kind == "image" and span.start in user:
+            t, h, w = request.images[span.index].grid
+            grids.append((t, h // merge, w // merge))
+    return grids
+
+
+def talker_media(request: ThinkerRequest, config: TalkerConfig) -> MediaHidden | None:
+    """What a request that speaks keeps of the Thinker's prefill for the Talker: its hidden
+    states at the media rows of its user turns (None: there are none)."""
+    positions = media_positions(request.token_ids, config)
+    return MediaHidden(positions) if positions else None
 
 
 def audio_plan(view: StreamView) -> WalkCall | None:
@@ -204,7 +241,9 @@ class ThinkerModel:
             VISION_ENCODER.name: VisionEncoderExecutor(thinker.visual, thinker.config.vision.spatial_merge_size,
                                                        max_batch_size),
             THINKER.name: ThinkerExecutor(thinker, cache, max_batch_size, decode_graphs,
-                                           prefill_graphs=prefill_graphs),
+                                           prefill_graphs=prefill_graphs,
+                                           hidden_layer=None if speech is None else
+                                           speech.talker.config.accept_hidden_layer),
         }
         if speech is None:
             self.graph = thinker_graph()

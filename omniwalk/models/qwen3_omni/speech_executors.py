@@ -34,6 +34,7 @@ from omniwalk.engine.kv_cache import PagedKVCache
 from omniwalk.engine.sampler import Sampler
 from omniwalk.graph import Chunk
 from omniwalk.models.qwen3_omni.code2wav import Code2Wav, CodecChunk
+from omniwalk.models.qwen3_omni.positions import PromptPositions
 from omniwalk.models.qwen3_omni.residual_graphs import ResidualGraphs
 from omniwalk.models.qwen3_omni.talker_graphs import TalkerDecodeGraphs
 from omniwalk.models.qwen3_omni.talker import Talker
@@ -42,10 +43,15 @@ from omniwalk.runtime.executor import NodeCall, NodeExecutor
 
 @dataclass(frozen=True)
 class TalkerStart:
-    """The talker stream's first walk: its prompt (with the answer's text written so far)."""
+    """The talker stream's first walk: its prompt (with the answer's text written so far);
+    for a prompt with media, the Thinker's hidden states at its media rows ([m, Ht], in
+    `prompt.media_positions` order) and, with images, its rotary positions
+    (`talker_positions`; None: row i at position i)."""
 
     prompt: TalkerPrompt
     text_ended: bool
+    media_hidden: torch.Tensor | None = None
+    positions: PromptPositions | None = None
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,8 @@ class TalkerSequence:
     num_computed: int = 0                # rows whose keys and values are in the cache
     first_codes: list[int] = field(default_factory=list)   # one per frame: the penalties' history
     frame_embeds: torch.Tensor | None = None   # the last frame's summed embeddings, until its step's text is known
+    rope: np.ndarray | None = None       # [3, len(prompt)] (t, h, w) of the prompt's rows (images); None: plain
+    rope_offset: int = 0                 # a row past the prompt: rotary position = row + rope_offset
 
     @property
     def step(self) -> int:
@@ -108,9 +116,12 @@ class TalkerExecutor(NodeExecutor):
     def begin(self, stream, inputs) -> None:
         codes = inputs["codes"]
         if isinstance(codes, TalkerStart):
-            prompt = codes.prompt
-            self.sequences[stream.handle] = TalkerSequence(prompt, self._prompt_rows(prompt), list(prompt.trailing_ids),
-                                                           codes.text_ended)
+            prompt, positions = codes.prompt, codes.positions
+            sequence = TalkerSequence(prompt, self._prompt_rows(prompt, codes.media_hidden),
+                                      list(prompt.trailing_ids), codes.text_ended)
+            if positions is not None and positions.rope is not None:
+                sequence.rope, sequence.rope_offset = positions.rope, positions.offset
+            self.sequences[stream.handle] = sequence
             return
         sequence = self.sequences[stream.handle]
         if isinstance(codes, TextMore):
@@ -148,10 +159,10 @@ class TalkerExecutor(NodeExecutor):
     # ------------------------------------------------------------ rows
 
     @torch.inference_mode()
-    def _prompt_rows(self, prompt: TalkerPrompt) -> torch.Tensor:
-        if prompt.media_rows:   # they read the Thinker's hidden states there: not handed over yet
-            raise ValueError("speaking about images or audio in the prompt is not supported yet")
-        return prompt_rows(self.talker, self.thinker_embeddings, prompt)
+    def _prompt_rows(self, prompt: TalkerPrompt, media_hidden: torch.Tensor | None) -> torch.Tensor:
+        if media_hidden is not None:
+            media_hidden = media_hidden.to(self.device)
+        return prompt_rows(self.talker, self.thinker_embeddings, prompt, media_hidden)
 
     def _text_rows(self, ids: list[int]) -> torch.Tensor:
         return text_rows(self.talker, self.thinker_embeddings, ids)
@@ -167,14 +178,18 @@ class TalkerExecutor(NodeExecutor):
         rows = torch.cat([s.rows[a : a + n] for s, a, n in zip(sequences, starts, counts)])
         tables = [self.cache.page_tables[h] for h in handles]
         graphs = self.decode_graphs
-        if (graphs is not None and all(a > 0 and n == 1 and a + 1 == len(s.rows)
+        if (graphs is not None and all(s.rope is None and a > 0 and n == 1 and a + 1 == len(s.rows)
                                        for s, a, n in zip(sequences, starts, counts))
                 and graphs.fits(len(calls), max(len(t) for t in tables))):
-            # a decode step: each stream's one new row, its frame sampled now
+            # a decode step: each stream's one new row (text positions), its frame sampled now
             logits, last = graphs.step(rows.to(self.talker_dtype), starts, tables)
             frames = self._frames(calls, sequences, last, logits)
             return self._commit(sequences, counts, range(len(calls)), frames)
-        positions = torch.tensor([p for a, n in zip(starts, counts) for p in range(a, a + n)], device=self.device)
+        if all(s.rope is None for s in sequences):
+            positions = torch.tensor([p for a, n in zip(starts, counts) for p in range(a, a + n)], device=self.device)
+        else:   # a prompt with images: (t, h, w) positions
+            rope = [_rope_of(s, a, n) for s, a, n in zip(sequences, starts, counts)]
+            positions = torch.from_numpy(np.concatenate(rope, axis=1)).to(self.device)
         metadata = build_metadata(self.cache, handles, starts, counts, self.device)
         hidden = self.talker(rows.to(self.talker_dtype), positions, PagedAttention(self.cache, metadata))
         ends = np.cumsum(counts) - 1
@@ -225,6 +240,16 @@ class TalkerExecutor(NodeExecutor):
         for k, (i, codes) in enumerate(zip(speaking, frame.codes.tolist())):
             results[i] = (tuple(codes), frame.summed_embeds[k])
         return results
+
+
+def _rope_of(sequence: TalkerSequence, start: int, count: int) -> np.ndarray:
+    """[3, count] rotary positions of rows [start, start + count): the prompt's own, then row + offset."""
+    end = start + count
+    if sequence.rope is None:
+        return np.broadcast_to(np.arange(start, end), (3, count))
+    split = max(start, min(end, sequence.rope.shape[1]))
+    tail = np.broadcast_to(np.arange(split, end) + sequence.rope_offset, (3, end - split))
+    return np.concatenate([sequence.rope[:, start:split], tail], axis=1)
 
 
 class Code2WavExecutor(NodeExecutor):

@@ -78,6 +78,17 @@ def user_turn_positions(prompt_ids: Sequence[int], tokens: TalkerPromptTokens) -
     return positions
 
 
+def _media_ids(config: TalkerConfig) -> set[int]:
+    return {config.media.audio, config.media.image, config.media.video}
+
+
+def media_positions(prompt_ids: Sequence[int], config: TalkerConfig) -> tuple[int, ...]:
+    """The prompt positions whose Thinker hidden states the Talker reads: the media
+    placeholders of user turns (`TalkerPrompt.media_positions` of any answer to this prompt)."""
+    media = _media_ids(config)
+    return tuple(p for p in user_turn_positions(prompt_ids, config.prompt) if prompt_ids[p] in media)
+
+
 def assistant_start(prompt_ids: Sequence[int], tokens: TalkerPromptTokens) -> int:
     """The position of the last `<|im_start|>assistant` of the prompt: the turn to speak."""
     for position in range(len(prompt_ids) - 2, -1, -1):
@@ -102,7 +113,7 @@ def talker_prompt(prompt_ids: Sequence[int], answer_ids: Sequence[int], speaker:
     text = [prompt_ids[p] for p in user] + turn[:3] + head + [turn[3]]
     codecs = ([NO_CODEC] * (len(user) + 3)
               + [codec.nothink, codec.think_bos, codec.think_eos, speaker, codec.pad, codec.bos])
-    media = {config.media.audio, config.media.image, config.media.video}
+    media = _media_ids(config)
     media_rows = tuple(row for row, p in enumerate(user) if prompt_ids[p] in media)
     return TalkerPrompt(
         text_ids=tuple(text), codec_ids=tuple(codecs), media_rows=media_rows,

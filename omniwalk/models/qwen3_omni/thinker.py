@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from omniwalk.engine.attention import PagedAttention
-from omniwalk.kernels.fused_moe import summed
+from omniwalk.kernels.fused_moe import ExpertRows, summed
 from omniwalk.layers.moe import SparseMoeBlock
 from omniwalk.layers.norm import RMSNorm
 from omniwalk.layers.rotary import RotaryEmbedding
@@ -83,8 +83,9 @@ class ThinkerTextModel(nn.Module):
         self.rotary_emb = MultimodalRotary(text.rotary_dim, text.rope_theta, config.mrope_section)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: PagedAttention,
-                media: ChunkMedia | None = None) -> torch.Tensor:
-        # input_ids, positions: [num_tokens] -> hidden: [num_tokens, hidden]
+                media: ChunkMedia | None = None, capture=None) -> torch.Tensor:
+        # input_ids, positions: [num_tokens] -> hidden: [num_tokens, hidden]. `capture` (an
+        # executors.HiddenCapture): its rows' hidden states at its layer are set on it.
         x = self.embed_tokens(input_ids)
         deepstack = None
         if media is not None:
@@ -93,15 +94,28 @@ class ThinkerTextModel(nn.Module):
             if media.embed_rows is not None:
                 x = x.index_copy(0, media.embed_rows, media.embeds.to(x.dtype))
             deepstack = media.deepstack
+        if capture is not None and capture.layer == 0:
+            capture.states = x.index_select(0, capture.rows)
         cos, sin = self.rotary_emb(positions)
         residual = None
         for index, layer in enumerate(self.layers):
             x, residual = layer(x, residual, cos, sin, attention)
+            if capture is not None and capture.layer == index + 1 < len(self.layers):
+                capture.states = _output_rows(x, residual, capture.rows)   # before deepstack, as transformers
             if deepstack is not None and index < deepstack.shape[0]:
                 # x + residual is the layer's output: adding to either adds to it
                 x = summed(x)
                 x = x.index_add(0, media.deepstack_rows, deepstack[index].to(x.dtype))
-        return self.norm.add_and_norm(x, residual)[0]
+        out = self.norm.add_and_norm(x, residual)[0]
+        if capture is not None and capture.layer == len(self.layers):
+            capture.states = out.index_select(0, capture.rows)
+        return out
+
+
+def _output_rows(x: torch.Tensor | ExpertRows, residual: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Rows `rows` of a layer's output x + residual, x left as it is (the next norm sums it)."""
+    part = ExpertRows(x.rows.index_select(0, rows)).sum() if isinstance(x, ExpertRows) else x.index_select(0, rows)
+    return part + residual.index_select(0, rows)
 
 
 class Thinker(nn.Module):
@@ -119,8 +133,8 @@ class Thinker(nn.Module):
         self.logit_ids = range(config.text.vocab_size)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: PagedAttention,
-                media: ChunkMedia | None = None) -> torch.Tensor:
-        return self.model(input_ids, positions, attention, media)
+                media: ChunkMedia | None = None, capture=None) -> torch.Tensor:
+        return self.model(input_ids, positions, attention, media, capture)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()   # [num_rows, vocab] fp32
