@@ -25,7 +25,8 @@ for _module in LOADERS:
 
 # slow: every family loaded twice, plain and with decode graphs (test_lookahead.py keeps the
 # graphs in a `-m "not slow"` run)
-pytestmark = pytest.mark.slow
+# (and paged attention with 2 key splits, not 16, under Triton's interpreter: conftest.py)
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("few_decode_splits")]
 
 
 def run(model: str, graphs: bool, monkeypatch, work):

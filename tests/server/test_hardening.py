@@ -33,6 +33,10 @@ from running import TEST_LIMITS, RunningServer, launch
 from omniwalk.loading import EngineArgs
 from omniwalk.server.connections import RateLimitedLoopErrors
 
+# latencies under hostile load (a stream's gaps, /health, refusals in well under a second):
+# run alone, not beside other tests on the same cores (the README's test command)
+pytestmark = pytest.mark.timing
+
 TRANSCRIBE = "/v1/audio/transcriptions"
 COMPLETIONS = "/v1/completions"
 MiB = 2**20
