@@ -169,21 +169,7 @@ class OpenAICompletionsBackend:
     @staticmethod
     async def _read_events(response: httpx.Response, record: RequestRecord) -> None:
         """SSE `data:` events up to `[DONE]`; the time of each is taken when its line is read."""
-        async for line in response.aiter_lines():
-            if not line.startswith("data:"):
-                continue
-            data = line[len("data:"):].strip()
-            arrived = now()
-            if data == "[DONE]":
-                break
-            try:
-                event = json.loads(data)
-            except json.JSONDecodeError:
-                record.fail(f"malformed event: {data[:200]}")
-                return
-            if "error" in event:
-                record.fail(f"error event: {_error_message(json.dumps(event))}")
-                return
+        async for arrived, event in sse_events(response, record):
             if event.get("usage"):
                 record.usage_output_tokens = event["usage"].get("completion_tokens")
             for choice in event.get("choices") or []:
@@ -194,9 +180,7 @@ class OpenAICompletionsBackend:
                     record.arrivals.append((arrived, None))
                 if choice.get("finish_reason"):
                     record.finish_reason = choice["finish_reason"]
-        record.end_time = now()
-        if record.finish_reason is None:
-            record.error = "the stream ended without a finish_reason"
+        end_of_events(record)
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -273,6 +257,37 @@ def served_model_name(base_url: str, timeout_s: float = 30.0) -> str:
         return response.json()["data"][0]["id"]
     except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
         raise ValueError(f"could not read the served model from {url} ({exc}); give --model") from None
+
+
+async def sse_events(response: httpx.Response, record):
+    """(arrival time, event) of each SSE `data:` event up to `[DONE]`, each timed when its line
+    is read; a malformed event or an error event fails the record and ends the stream."""
+    async for line in response.aiter_lines():
+        if not line.startswith("data:"):
+            continue
+        data = line[len("data:"):].strip()
+        arrived = now()
+        if data == "[DONE]":
+            return
+        try:
+            event = json.loads(data)
+        except json.JSONDecodeError:
+            record.fail(f"malformed event: {data[:200]}")
+            return
+        if "error" in event:
+            record.fail(f"error event: {_error_message(json.dumps(event))}")
+            return
+        yield arrived, event
+
+
+def end_of_events(record) -> None:
+    """The stream is over: its end time, and a failure if no event finished it (a record that
+    failed on the way keeps its time and reason)."""
+    if record.error is not None:
+        return
+    record.end_time = now()
+    if record.finish_reason is None:
+        record.error = "the stream ended without a finish_reason"
 
 
 async def stream_post(client: httpx.AsyncClient, path: str, payload: dict, record, read_events) -> None:

@@ -16,13 +16,14 @@ views are the text mode's and the TTS mode's records, so their per-request figur
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import dataclass, field
 
 import httpx
 
-from omniwalk.bench.backends import RequestRecord, _error_message, http_client, normalize_base_url, stream_post
+from omniwalk.bench.backends import (
+    RequestRecord, end_of_events, http_client, normalize_base_url, sse_events, stream_post,
+)
 from omniwalk.bench.tts_backends import DEFAULT_SAMPLE_RATE, TTSRecord, base64_size
 
 now = time.perf_counter
@@ -195,21 +196,7 @@ class ChatAudioSSEBackend:
     @staticmethod
     async def _read_events(response: httpx.Response, record: SpokenChatRecord) -> None:
         """SSE `data:` events up to `[DONE]`; the time of each is taken when its line is read."""
-        async for line in response.aiter_lines():
-            if not line.startswith("data:"):
-                continue
-            data = line[len("data:"):].strip()
-            arrived = now()
-            if data == "[DONE]":
-                break
-            try:
-                event = json.loads(data)
-            except json.JSONDecodeError:
-                record.fail(f"malformed event: {data[:200]}")
-                return
-            if "error" in event:
-                record.fail(f"error event: {_error_message(json.dumps(event))}")
-                return
+        async for arrived, event in sse_events(response, record):
             if event.get("usage"):
                 details = event["usage"].get("completion_tokens_details") or {}
                 record.usage_tokens, record.usage_frames = details.get("text_tokens"), details.get("audio_tokens")
@@ -228,9 +215,7 @@ class ChatAudioSSEBackend:
                     record.audio_arrivals.append((arrived, size // 2))
                 if choice.get("finish_reason"):
                     record.finish_reason = choice["finish_reason"]
-        record.end_time = now()
-        if record.finish_reason is None:
-            record.error = "the stream ended without a finish_reason"
+        end_of_events(record)
 
     async def aclose(self) -> None:
         await self.client.aclose()

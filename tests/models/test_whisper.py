@@ -371,8 +371,10 @@ def test_decode_graph_path_equals_eager_path(monkeypatch):
     assert outputs[True] == outputs[False]
     assert sum(len(ids) for ids in outputs[True]) > 100
     assert len(replays) > 20 and max(replays) > 1       # batched decode steps went through the graphs
-    # the shared executor's look-ahead step and sampling graphs (eager here) took decode steps
-    assert decoder.lookahead_used > 0 and decoder.sampling_graphs.steps_sampled > 0
+    # the shared executor's look-ahead step took decode steps (whether a step also samples
+    # through the sampling graphs depends on which streams share it, so on arrival timing:
+    # tests/engine/test_lookahead.py checks those)
+    assert decoder.lookahead_used > 0
 
 
 def test_phase_changes_take_pages_through_check_act(eos_engine, monkeypatch):
