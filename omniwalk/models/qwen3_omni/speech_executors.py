@@ -24,6 +24,7 @@ Talker samples; greedy when it is greedy), so a request's audio depends on its s
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -40,6 +41,8 @@ from omniwalk.models.qwen3_omni.talker_graphs import TalkerDecodeGraphs
 from omniwalk.models.qwen3_omni.talker import Talker
 from omniwalk.models.qwen3_omni.talker_prompt import TalkerPrompt, prompt_rows, text_rows, trailing_id
 from omniwalk.runtime.executor import NodeCall, NodeExecutor
+
+logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class TalkerStart:
@@ -109,7 +112,11 @@ class TalkerExecutor(NodeExecutor):
         self.decode_graphs = None
         if graphs:
             self.decode_graphs = TalkerDecodeGraphs(talker, cache, max_batch_size, self.talker_dtype)
-            self.decode_graphs.capture()
+            try:
+                self.decode_graphs.capture()
+            except Exception:   # speak with eager steps (slower, the same frames) rather than not at all
+                logger.exception("could not capture the Talker's decode graphs: its steps run eagerly")
+                self.decode_graphs = None
 
     # ------------------------------------------------------------ per-stream state
 
