@@ -44,6 +44,7 @@ from omniwalk.runtime.executor import NodeCall, NodeExecutor
 
 logger = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class TalkerStart:
     """The talker stream's first walk: its prompt (with the answer's text written so far);
