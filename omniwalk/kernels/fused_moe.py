@@ -440,7 +440,8 @@ if triton is not None:
 
     @triton.jit
     def _align_kernel(ids_ptr, sorted_pairs_ptr, block_experts_ptr, starts_ptr, num_pairs, num_experts, num_blocks,
-                      BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_FILL: tl.constexpr, PDL: tl.constexpr):
+                      BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_FILL: tl.constexpr,
+                      PDL: tl.constexpr):
         """Counts per expert (a histogram), their padded starts (a cumsum), then the pairs
         sorted by (expert, pair): the i-th of expert e goes to e's padded start + i."""
         await_predecessor(PDL)
@@ -507,7 +508,8 @@ if triton is not None:
 
     @triton.jit
     def _routing_kernel(logits_ptr, weights_ptr, ids_ptr, num_tokens, num_experts, TOP_K: tl.constexpr,
-                        NORMALIZE: tl.constexpr, ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+                        NORMALIZE: tl.constexpr, ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+                        PDL: tl.constexpr):
         """ROWS tokens: softmax over their experts, the top k by k rounds of argmax."""
         await_predecessor(PDL)
         tokens = tl.program_id(0) * ROWS + tl.arange(0, ROWS)

@@ -40,7 +40,8 @@ def silu_and_mul(gate: torch.Tensor, up: torch.Tensor, quantize: bool = False) -
     out2 = out.view(-1, gate.shape[-1])
     block = min(4096, triton.next_power_of_2(width))
     _silu_mul_kernel[(rows, triton.cdiv(width, block))](
-        gate2, up2, out2, gate2.stride(0), up2.stride(0), width, out2, 0.0, 0.0, 0.0, BLOCK=block, QUANTIZE=False, **pdl_launch(gate))
+        gate2, up2, out2, gate2.stride(0), up2.stride(0), width, out2, 0.0, 0.0, 0.0, BLOCK=block, QUANTIZE=False,
+        **pdl_launch(gate))
     return out
 
 
@@ -48,7 +49,8 @@ if triton is not None:
 
     @triton.jit
     def _silu_mul_kernel(gate_ptr, up_ptr, out_ptr, stride_gate, stride_up, width,
-                         scale_ptr, fp8_max, inverse_fp8_max, min_scale, BLOCK: tl.constexpr, QUANTIZE: tl.constexpr, PDL: tl.constexpr):
+                         scale_ptr, fp8_max, inverse_fp8_max, min_scale, BLOCK: tl.constexpr, QUANTIZE: tl.constexpr,
+                         PDL: tl.constexpr):
         await_predecessor(PDL)
         row = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)

@@ -60,7 +60,9 @@ def graph_launches():
 def pdl_launch(x: torch.Tensor) -> dict:
     """The launch arguments of a kernel that calls `await_predecessor(PDL)`, for tensors on
     x's device: PDL for a graph's launches where the GPU has it, a plain launch elsewhere."""
-    if _FOR_GRAPH.get() and x.is_cuda and _pdl_supported(x.device.index if x.device.index is not None else torch.cuda.current_device()):
+    if not (_FOR_GRAPH.get() and x.is_cuda):
+        return {"PDL": False}
+    if _pdl_supported(x.device.index if x.device.index is not None else torch.cuda.current_device()):
         return {"PDL": True, "launch_pdl": True}
     return {"PDL": False}
 

@@ -31,7 +31,8 @@ class TalkerDecodeGraphs(DecodeGraphs):
         self.hidden[:batch].copy_(hidden)
         return self.model.compute_logits(hidden)   # [batch, codec vocab] fp32
 
-    def step(self, rows: torch.Tensor, positions: list[int], page_tables: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    def step(self, rows: torch.Tensor, positions: list[int],
+             page_tables: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits [n, vocab], hidden [n, hidden]) of one decode step: row i of `rows` [n, hidden]
         at cache position positions[i] of the sequence whose pages are page_tables[i]. Both
         are the graphs' buffers: read them before the next step."""
