@@ -240,3 +240,14 @@ def _count_source(records: list[RequestRecord]) -> str:
         return "ids"
     names = {"usage": "usage.completion_tokens", "chunks": "number of chunks"}
     return " + ".join(names.get(s, s) for s in sources) + " (NOT id-based)"
+
+
+def summary_header(title: str, s) -> list[str]:
+    """The first lines of every mode's summary: the title rule, the requests and their
+    failures, the phase's duration (`s`: any mode's summary)."""
+    return [
+        f"==== {title} " + "=" * max(0, 74 - len(title)),
+        f"  requests              {s.num_requests} sent, {s.num_completed} completed, {s.num_failed} failed "
+        f"({s.num_errors} errors, {s.num_budget_violations} budget violations)",
+        f"  duration              {s.duration_s:.3f} s",
+    ]

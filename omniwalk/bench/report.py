@@ -11,7 +11,7 @@ import platform
 import subprocess
 from pathlib import Path
 
-from omniwalk.bench.metrics import DEFINITIONS, RunSummary, Stats
+from omniwalk.bench.metrics import DEFINITIONS, RunSummary, Stats, summary_header
 
 
 def machine_info() -> dict:
@@ -71,11 +71,7 @@ def format_summary(title: str, summary: RunSummary, hf: dict | None = None,
                    gpu_peak_bytes: int | None = None) -> str:
     s = summary
     ids = "counted from returned token ids" if s.id_based else f"counted from {s.count_source}"
-    lines = [
-        f"==== {title} " + "=" * max(0, 74 - len(title)),
-        f"  requests              {s.num_requests} sent, {s.num_completed} completed, {s.num_failed} failed "
-        f"({s.num_errors} errors, {s.num_budget_violations} budget violations)",
-        f"  duration              {s.duration_s:.3f} s",
+    lines = summary_header(title, s) + [
         f"  prompt tokens         {s.prompt_tokens}",
         f"  output ids            {s.output_tokens} ({ids}); {s.output_tokens_received} received in all, "
         f"{s.requested_output_tokens} asked for",

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from omniwalk.bench import metrics, tts_metrics
-from omniwalk.bench.metrics import Stats, split_failures
+from omniwalk.bench.metrics import Stats, split_failures, summary_header
 from omniwalk.bench.speak_backends import SpokenChatRecord
 from omniwalk.bench.tts_metrics import latency_row
 
@@ -150,11 +150,7 @@ def summarize_speak(records: list[SpokenChatRecord], start: float, end: float, i
 def format_speak_summary(title: str, s: SpeakSummary) -> str:
     viable = "-" if s.viable_fraction is None else f"{s.viable_fraction:.3f}"
     unitless = lambda v: "-" if v is None else f"{v:.3f}"   # noqa: E731
-    lines = [
-        f"==== {title} " + "=" * max(0, 74 - len(title)),
-        f"  requests              {s.num_requests} sent, {s.num_completed} completed, {s.num_failed} failed "
-        f"({s.num_errors} errors, {s.num_budget_violations} budget violations)",
-        f"  duration              {s.duration_s:.3f} s",
+    lines = summary_header(title, s) + [
         f"  prompt tokens         {s.prompt_tokens}",
         f"  text ids              {s.output_tokens} ({s.requested_output_tokens} asked for)",
         f"  audio frames          {s.frames} ({s.requested_frames} asked for)",

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from omniwalk.bench.metrics import OUTPUT_REASONS, Stats, split_failures
+from omniwalk.bench.metrics import OUTPUT_REASONS, Stats, split_failures, summary_header
 from omniwalk.bench.tts_backends import TTSRecord
 
 TTS_DEFINITIONS = {
@@ -191,11 +191,7 @@ def latency_row(name: str, stats: Stats, scale=_ms, note: str = "") -> str:
 
 def format_tts_summary(title: str, s: TTSSummary) -> str:
     viable = "-" if s.viable_fraction is None else f"{s.viable_fraction:.3f}"
-    lines = [
-        f"==== {title} " + "=" * max(0, 74 - len(title)),
-        f"  requests              {s.num_requests} sent, {s.num_completed} completed, {s.num_failed} failed "
-        f"({s.num_errors} errors, {s.num_budget_violations} budget violations)",
-        f"  duration              {s.duration_s:.3f} s",
+    lines = summary_header(title, s) + [
         f"  audio codes           {s.codes} ({s.requested_codes} asked for)",
         f"  audio received        {s.samples} samples = {s.audio_seconds:.3f} s; {s.samples_received} samples "
         f"in all",
