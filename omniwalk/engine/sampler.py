@@ -333,7 +333,9 @@ def filter_top_k_top_p(scaled: torch.Tensor, k: torch.Tensor | None, k_active: t
     sorted_vals, sorted_idx = torch.sort(scaled, dim=-1, descending=True, stable=True)
     keep = torch.ones_like(sorted_vals, dtype=torch.bool)
     if k is not None:
-        kth = sorted_vals.gather(1, k - 1)
+        # clamped: an inactive row's k (0 in a graph's idle rows) and a k over the vocabulary
+        # must not index outside the row; an inactive row ignores its k-th value anyway
+        kth = sorted_vals.gather(1, (k - 1).clamp(0, sorted_vals.shape[1] - 1))
         keep = keep & ((sorted_vals >= kth) | ~k_active)   # HF semantics: ties with the k-th value are kept
     if top_p is not None:
         probs = torch.softmax(sorted_vals.masked_fill(~keep, -math.inf), dim=-1)

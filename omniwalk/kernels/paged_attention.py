@@ -56,7 +56,7 @@ def paged_attention(
     rows = max(16, triton.next_power_of_2(block_m * group))
     num_sequences = query_start.shape[0] - 1
     splits = decode_splits(num_sequences, num_kv_heads) if max_query_len == 1 else 1
-    block_d = triton.next_power_of_2(head_dim)
+    block_d = max(16, triton.next_power_of_2(head_dim))   # tl.dot's K is at least 16; the rest masked
     partial_acc = partial_stats = out
     if splits > 1:   # [tokens, heads, splits, dim] and [tokens, heads, splits, (max, sum)]
         partial_acc = torch.empty((num_tokens, num_heads, splits, block_d), dtype=torch.float32, device=query.device)

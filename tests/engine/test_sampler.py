@@ -20,6 +20,7 @@ from transformers.generation.logits_process import (
 from omniwalk.engine.sampler import (
     Sampler,
     SamplerOutput,
+    filter_top_k_top_p,
     SamplingParams,
     hash_uniform,
     _key_halves,
@@ -228,6 +229,17 @@ def test_top_k_one_equals_greedy():
     out = sample(logits, SamplingParams(temperature=1.3, top_k=1),
                  seeds=list(range(1000, 1064)), sample_indices=list(range(64)))
     assert torch.equal(out.token_ids, logits.argmax(-1))
+
+
+def test_top_k_filter_ignores_inactive_rows_k_and_clamps_a_k_over_the_vocabulary():
+    # a CUDA graph's idle rows hold k = 0 (inactive); a k past the vocabulary keeps everything
+    scaled = rand_logits(3, 10, seed=4)
+    k = torch.tensor([[0], [3], [50]])
+    active = torch.tensor([[False], [True], [True]])
+    off = torch.zeros(3, 1, dtype=torch.bool)
+    out = filter_top_k_top_p(scaled, k, active, None, off)
+    assert torch.equal(out[0], scaled[0]) and torch.equal(out[2], scaled[2])
+    assert torch.isfinite(out[1]).sum() == 3 and out[1].argmax() == scaled[1].argmax()
 
 
 def test_top_p_never_samples_outside_nucleus():
