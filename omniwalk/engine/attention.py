@@ -23,6 +23,7 @@ import torch
 from omniwalk.engine.kv_cache import PagedKVCache
 from omniwalk.kernels.norm_rotary import QKRotary, norm_rotary_into_cache
 from omniwalk.kernels.paged_attention import paged_attention, paged_attention_reference
+from omniwalk.kernels.triton_support import kernel_runs_on
 
 
 @dataclass
@@ -40,6 +41,17 @@ class AttentionMetadata:
     page_table_tensor: torch.Tensor | None = None    # [B, max_pages] int32
     max_query_len: int = 0
 
+    def host_lists(self, page_size: int) -> tuple[list[int], list[int], list[list[int]]]:
+        """(query_lens, context_lens, page_tables): the host lists, or read back from the device
+        tensors when only those exist (a decode graph's step run without a kernel to launch)."""
+        if self.page_tables is not None:
+            return self.query_lens, self.context_lens, self.page_tables
+        query_lens = self.query_start.diff().tolist()
+        context_lens = self.context_lens_tensor.tolist()
+        tables = [row[: -(-(c + q) // page_size)] for row, c, q in
+                  zip(self.page_table_tensor.tolist(), context_lens, query_lens)]
+        return query_lens, context_lens, tables
+
 
 class PagedAttention:
     """Writes new keys/values into the cache and attends over each sequence's pages.
@@ -50,7 +62,8 @@ class PagedAttention:
     def __init__(self, cache: PagedKVCache, metadata: AttentionMetadata):
         self.cache = cache
         self.metadata = metadata
-        self.use_triton = metadata.page_table_tensor is not None
+        # the kernel needs CUDA, or Triton's interpreter on a CPU (how CI runs it)
+        self.use_triton = metadata.page_table_tensor is not None and kernel_runs_on(cache.keys)
 
     def forward(
         self,
@@ -76,8 +89,8 @@ class PagedAttention:
                 query, key_pool, value_pool, meta.query_start, meta.context_lens_tensor,
                 meta.page_table_tensor, self.cache.page_size, meta.max_query_len, scale,
             )
-        return paged_attention_reference(query, key_pool, value_pool, meta.query_lens, meta.context_lens,
-                                         meta.page_tables, self.cache.page_size, scale)
+        return paged_attention_reference(query, key_pool, value_pool, *meta.host_lists(self.cache.page_size),
+                                         self.cache.page_size, scale)
 
 
 def build_metadata(

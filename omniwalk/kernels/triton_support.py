@@ -40,6 +40,12 @@ def use_triton(x: torch.Tensor) -> bool:
     return triton is not None and x.is_cuda
 
 
+def kernel_runs_on(x: torch.Tensor) -> bool:
+    """Whether a Triton kernel can take `x`: on CUDA, or on a CPU under Triton's interpreter
+    (TRITON_INTERPRET=1, how CI runs the kernels that have no torch path of their own)."""
+    return triton is not None and (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
+
+
 @functools.cache
 def _pdl_supported(device_index: int) -> bool:
     if os.environ.get(PDL_ENV, "1").strip() == "0":

@@ -67,6 +67,19 @@ def test_kernel_handles_head_dim_under_sixteen():
     compare(12, 4, 2, head_dim=8, page_size=4)
 
 
+def test_tensor_only_metadata_on_a_cpu_without_the_interpreter_takes_the_reference(monkeypatch):
+    # a decode graph's buffers run eagerly on a CPU (the Talker's steps when serving on a CPU)
+    cache, handles, context_lens, query_lens, q, k, v = random_batch(5, 4, 2, 16, 4, "cpu", torch.float32)
+    expected = PagedAttention(cache, build_metadata(cache, handles, context_lens, query_lens, "cpu",
+                                                    use_triton=False)).forward(0, q, k, v, 0.25)
+    meta = build_metadata(cache, handles, context_lens, query_lens, "cpu", use_triton=True)
+    meta.query_lens = meta.context_lens = meta.page_tables = None
+    monkeypatch.delenv("TRITON_INTERPRET")
+    attention = PagedAttention(cache, meta)
+    assert not attention.use_triton
+    torch.testing.assert_close(attention.forward(0, q, k, v, 0.25), expected)
+
+
 @pytest.mark.gpu
 def test_kernel_handles_head_dim_under_sixteen_on_cuda():   # the interpreter does not check tl.dot's sizes
     compare(12, 4, 2, head_dim=8, page_size=16, device="cuda", dtype=torch.bfloat16, tol=2e-2)
