@@ -7,6 +7,7 @@ that chunk carries no new items, so a consumer always learns that its input ende
     SlidingWindow(4, 1):     items 0..5 -> [0 1 2 3] [1 2 3 4] [2 3 4 5] final [] (nothing new)
     LeftContext(2, ctx=1):   items 0..4 -> [0 1] [1 | 2 3] final [3 | 4]
     LeftContext(3, ctx=1, first_size=1):  items 0..5 -> [0] [0 | 1 2 3] final [3 | 4 5]
+    LeftContext(4, ctx=1, first_size=1, grow=True):  items 0..9 -> [0] [0 | 1] [1 | 2 3] [3 | 4 5 6 7] final [7 | 8 9]
 """
 
 from __future__ import annotations

@@ -148,11 +148,16 @@ class SlidingWindow:
 @dataclass(frozen=True)
 class LeftContext:
     """Release `size` new items prefixed by up to `context` items already released; the
-    first chunk may be smaller (`first_size`: a codec's first audio out sooner)."""
+    first chunk may be smaller (`first_size`: a codec's first audio out sooner). With
+    `grow`, each later chunk holds at most as many new items as were released before it
+    (first_size, first_size, 2 x, 4 x, ... up to `size`): a player that starts at the first
+    chunk then has that much audio buffered while the next chunk is made, so it never
+    stalls while making audio takes less than about half its playing time."""
 
     size: int
     context: int
     first_size: int | None = None
+    grow: bool = False
 
     def __post_init__(self):
         if self.size < 1 or self.context < 0 or (self.first_size is not None and self.first_size < 1):
@@ -161,7 +166,9 @@ class LeftContext:
 
     def next_size(self, released: int) -> int:
         """New items the next chunk holds, once `released` items were released before it."""
-        return self.first_size if released == 0 and self.first_size is not None else self.size
+        if released == 0 and self.first_size is not None:
+            return self.first_size
+        return min(self.size, released) if self.grow and released else self.size
 
 
 ChunkPolicy = Union[FixedChunks, SlidingWindow, LeftContext]

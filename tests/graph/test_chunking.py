@@ -53,6 +53,12 @@ def test_left_context_with_a_small_first_chunk():
         ([0], 1, False), ([0, 1, 2, 3], 3, False), ([3, 4, 5], 2, True)]
 
 
+def test_left_context_growing_chunks():
+    chunks = drain(LeftContext(4, 1, first_size=1, grow=True), 10)
+    assert [(c.items, c.num_new) for c in chunks] == [
+        ([0], 1), ([0, 1], 1), ([1, 2, 3], 2), ([3, 4, 5, 6, 7], 4), ([7, 8, 9], 2)]
+
+
 def test_push_after_close_raises():
     buffer = StreamBuffer(FixedChunks(1))
     buffer.close()
@@ -63,7 +69,7 @@ def test_push_after_close_raises():
 policies = st.one_of(
     st.builds(FixedChunks, st.integers(1, 5)),
     st.integers(1, 5).flatmap(lambda w: st.builds(SlidingWindow, st.just(w), st.integers(1, w))),
-    st.builds(LeftContext, st.integers(1, 5), st.integers(0, 4), st.none() | st.integers(1, 5)),
+    st.builds(LeftContext, st.integers(1, 5), st.integers(0, 4), st.none() | st.integers(1, 5), st.booleans()),
 )
 
 

@@ -206,7 +206,10 @@ def audio_plan(view: StreamView) -> WalkCall | None:
 
 
 #: Code2Wav's chunks, in frames (12.5 a second): a small first one for the time to first
-#: audio, larger ones after it (each re-reads `exact_left_context` frames before it)
+#: audio, then growing (4, 4, 8, 16, 16, ...: each no longer than the audio already out, so
+#: a client playing from the first chunk does not stall) up to the largest (each chunk
+#: re-reads `exact_left_context` frames before it). Fixed 4-then-16 chunks stalled every
+#: stream at c = 32 on the H200 by ~220 ms: 16 frames took longer to make than 4 to play.
 CODE2WAV_FIRST_FRAMES = 4
 CODE2WAV_CHUNK_FRAMES = 16
 
@@ -223,7 +226,8 @@ class SpeechParts:
 
 
 def code2wav_chunks(code2wav: Code2Wav) -> LeftContext:
-    return LeftContext(CODE2WAV_CHUNK_FRAMES, exact_left_context(code2wav.config), first_size=CODE2WAV_FIRST_FRAMES)
+    return LeftContext(CODE2WAV_CHUNK_FRAMES, exact_left_context(code2wav.config), first_size=CODE2WAV_FIRST_FRAMES,
+                       grow=True)
 
 
 class ThinkerModel:
