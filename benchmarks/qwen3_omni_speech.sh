@@ -9,8 +9,9 @@
 #   parts: inproc-c1 inproc-c8 inproc-c32 http-c1 http-c8 http-c32 (default: all); consecutive http
 #   parts share one server. A device command limited to 10 minutes takes them a few at a time, e.g.
 #   `... qwen3_omni_speech.sh inproc-c1 inproc-c8`, `... inproc-c32`, `... http-c1 http-c8`, `... http-c32`.
-# Expected: not measured yet (each engine or server: ~1-2 minutes to build 67 GB of random weights
-# and capture the Thinker's graphs; the Talker runs eager).
+# Expected (H200, e33e372): each engine or server ~40-100 s to build 67 GB of random weights and
+# capture its graphs; inproc-c1 95 s, inproc-c32 124 s, http-c1 49 s, http-c32 97 s. The table:
+# docs/benchmarks.md, "Qwen3-Omni speaking".
 set -euo pipefail
 source benchmarks/setup_device.sh
 need_modules PIL
