@@ -14,6 +14,9 @@ from omniwalk.models.qwen3_omni.talker_config import TalkerConfig  # noqa: E402
 from omniwalk.models.qwen3_omni.talker_prompt import NO_CODEC, talker_prompt, trailing_id  # noqa: E402
 from qwen3_omni_speech_config import SPEAKERS, full_hf_config  # noqa: E402
 
+# the Talker's decode graphs run paged attention in Triton's interpreter on a CPU: 2-way splits
+pytestmark = pytest.mark.usefixtures("few_decode_splits")
+
 # system turn, user turn, assistant turn opened: the Talker reads the user turn only
 PROMPT = [280, 284, 10, 11, 281, 12, 280, 282, 13, 14, 15, 281, 12, 280, 283, 12]
 
@@ -200,6 +203,35 @@ def test_the_tiny_model_speaks():
         result = collect_generation(engine.submit(GenerationRequest(
             prompt=prompt, max_tokens=4, ignore_eos=True, speech=SpeechOutput("Ethan", 6))))
     assert len(result.token_ids) == 4 and len(result.audio) > 0
+
+
+def test_startup_warmup_speaks_a_full_batch_and_changes_no_output(monkeypatch):
+    """A model that speaks warms up spoken answers too (as many as the engine batches, each
+    SPEAKING_WARMUP_FRAMES frames); the engine is then as clean as one that did not warm up."""
+    from omniwalk import Engine, EngineArgs
+    from omniwalk.capabilities.text import GenerationRequest, SpeechOutput, collect_generation
+    from omniwalk.engine.sampler import SamplingParams
+    from omniwalk.models.qwen3_omni import frontend
+    from omniwalk.models.qwen3_omni.model import TALKER_STREAM
+
+    monkeypatch.setattr(frontend, "SPEAKING_WARMUP_FRAMES", 5)   # chunks of 4 and 1: CI's time
+    results = {}
+    for warmup in (False, True):
+        args = EngineArgs("tiny-qwen3-omni", device="cpu", dtype="float32", max_num_seqs=2, startup_warmup=warmup)
+        with Engine(args) as engine:
+            if warmup:
+                requests = frontend.speaking_warmup(engine.loaded)
+                assert len(requests) == 2 and all(r.streams[TALKER_STREAM].max_items == 5 for r in requests)
+            executors = engine.model.executors
+            assert not executors["talker"].sequences and not executors["thinker"].sequences
+            assert not engine.runtime.running and not engine.runtime.walk_counts
+            prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": "Say hi"}], tokenize=False,
+                                                          add_generation_prompt=True)
+            greedy = SamplingParams(temperature=0.0, seed=1)
+            results[warmup] = collect_generation(engine.submit(GenerationRequest(
+                prompt=prompt, max_tokens=4, ignore_eos=True, sampling=greedy, speech=SpeechOutput("Ethan", 6))))
+    assert results[True].token_ids == results[False].token_ids and results[True].audio == results[False].audio
+    assert len(results[True].audio) > 0
 
 
 def test_audio_starts_while_the_text_is_written(speaking_engine):

@@ -240,6 +240,7 @@ class ThinkerModel:
         self.thinker = thinker
         self.cache = cache
         self.speech = speech
+        self.max_batch_size = max_batch_size
         self.executors = {
             AUDIO_ENCODER.name: AudioEncoderExecutor(thinker.audio_tower, max_batch_size),
             VISION_ENCODER.name: VisionEncoderExecutor(thinker.visual, thinker.config.vision.spatial_merge_size,
