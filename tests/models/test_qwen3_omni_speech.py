@@ -510,3 +510,19 @@ def test_speech_about_media_under_preemption(hf_model, chunked_engine, tmp_path,
     assert mid_prefill
     assert [(r.token_ids, r.audio) for r in together] == [(r.token_ids, r.audio) for r in alone]
     assert all(r.audio for r in alone)
+
+
+def test_a_talker_sequence_reads_its_rows_across_prompt_and_steps():
+    """A Talker sequence keeps its prompt's rows and one row per step apart (no tensor grown
+    each step): any range reads back as the rows in order; a step whose row `run` has yet
+    to build counts already."""
+    from omniwalk.models.qwen3_omni.speech_executors import TalkerSequence
+
+    rows = torch.arange(7 * 2, dtype=torch.float32).view(7, 2)
+    sequence = TalkerSequence(prompt=None, prompt_rows=rows[:4], trailing=[], step_rows=list(rows[4:].split(1)))
+    assert (sequence.step, sequence.num_rows) == (3, 7)
+    for start in range(7):
+        for count in range(1, 8 - start):
+            assert torch.equal(sequence.rows(start, count), rows[start : start + count])
+    sequence.step_text = 12
+    assert (sequence.step, sequence.num_rows) == (4, 8)

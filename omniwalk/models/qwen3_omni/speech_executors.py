@@ -4,7 +4,8 @@
 The Talker's sequence is a list of input rows (embeddings) over a paged KV cache of its
 own: the prompt's rows (`talker_prompt.py`), then one row per step, made from the frame the
 step before produced and the step's text (`trailing_id`), once that text is written (the
-talker stream follows the answer token by token: `begin` adds the row when a step comes).
+talker stream follows the answer token by token: `begin` learns the step's text when a step
+comes, and `run` builds the rows of all its calls' new steps at once).
 A call computes its stream's next rows (prefill chunks, or the one new row) and, at the
 last one, samples the frame:
 
@@ -71,12 +72,21 @@ class TextEnd:
     """The answer is complete: the decode loop's steps read tts_eos, then tts_pad."""
 
 
+#: how many ids' text rows a `TalkerExecutor` keeps (`_text_row`; 2 KB each at the full
+#: shape: 32 MB), of the Thinker's 152k
+TEXT_ROW_CACHE_IDS = 16384
+
+
 @dataclass
 class TalkerSequence:
     prompt: TalkerPrompt
-    rows: torch.Tensor                   # [num_rows, hidden]: every input row so far
+    prompt_rows: torch.Tensor            # [len(prompt), hidden]
     trailing: list[int]                  # the decode steps' text as far as written (`trailing_id`)
     text_ended: bool = False
+    # [1, hidden] per decode step: its frame's summed embeddings plus its text's row. Rows
+    # apart, not one growing tensor: appending to that copied the whole sequence each step.
+    step_rows: list[torch.Tensor] = field(default_factory=list)
+    step_text: int | None = None         # the next step's text id, known to `begin`; `run` builds its row
     num_computed: int = 0                # rows whose keys and values are in the cache
     first_codes: list[int] = field(default_factory=list)   # one per frame: the penalties' history
     frame_embeds: torch.Tensor | None = None   # the last frame's summed embeddings, until its step's text is known
@@ -85,8 +95,21 @@ class TalkerSequence:
 
     @property
     def step(self) -> int:
-        """Decode steps taken: frames fed back as rows."""
-        return len(self.rows) - len(self.prompt)
+        """Decode steps taken: frames fed back as rows (the one whose row `run` builds too)."""
+        return len(self.step_rows) + (self.step_text is not None)
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.prompt_rows) + self.step
+
+    def rows(self, start: int, count: int) -> torch.Tensor:
+        """Input rows [start, start + count) ([count, hidden]), all built."""
+        prompt_len = len(self.prompt_rows)
+        if start >= prompt_len and count == 1:   # a decode step's row: no copy
+            return self.step_rows[start - prompt_len]
+        parts = [self.prompt_rows[start : start + count]] if start < prompt_len else []
+        parts += self.step_rows[max(0, start - prompt_len) : max(0, start + count - prompt_len)]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 class TalkerExecutor(NodeExecutor):
@@ -108,6 +131,7 @@ class TalkerExecutor(NodeExecutor):
         self.device = next(talker.parameters()).device
         self.sampler = Sampler()
         self.sequences: dict[int, TalkerSequence] = {}
+        self.text_row_cache: dict[int, torch.Tensor] = {}   # id -> its decode steps' text row (`_text_row`)
         self.suppressed = torch.tensor(self.config.suppressed_codec_ids, dtype=torch.long, device=self.device)
         self.residual_graphs = ResidualGraphs(talker, max_batch_size, self.device, self.talker_dtype, capture=graphs)
         self.decode_graphs = None
@@ -137,15 +161,15 @@ class TalkerExecutor(NodeExecutor):
             sequence.text_ended = codes.ended
         elif isinstance(codes, TextEnd):
             sequence.text_ended = True
-        if sequence.frame_embeds is not None:   # the step's row: the last frame and the step's text
-            text = self._text_rows([trailing_id(sequence.trailing, sequence.step, self.config.prompt,
-                                                sequence.text_ended)])
-            sequence.rows = torch.cat([sequence.rows, sequence.frame_embeds[None].to(text.dtype) + text])
-            sequence.frame_embeds = None
+        if sequence.frame_embeds is not None and sequence.step_text is None:
+            # the step's row: the last frame and the step's text, built by `run` with the batch's
+            # others (the few small ops of one row cost the host more than the GPU takes for them)
+            sequence.step_text = trailing_id(sequence.trailing, sequence.step, self.config.prompt,
+                                             sequence.text_ended)
 
     def pending_work(self, stream) -> int:
         sequence = self.sequences[stream.handle]
-        return len(sequence.rows) - sequence.num_computed
+        return sequence.num_rows - sequence.num_computed
 
     def can_reserve(self, stream, num_tokens: int) -> bool:
         return self.cache.can_reserve(stream.handle, self.sequences[stream.handle].num_computed + num_tokens)
@@ -172,21 +196,43 @@ class TalkerExecutor(NodeExecutor):
             media_hidden = media_hidden.to(self.device)
         return prompt_rows(self.talker, self.thinker_embeddings, prompt, media_hidden)
 
-    def _text_rows(self, ids: list[int]) -> torch.Tensor:
-        return text_rows(self.talker, self.thinker_embeddings, ids)
+    def _text_row(self, token_id: int) -> torch.Tensor:
+        """A decode step's text row [1, hidden]: the same for every step that reads the id, so
+        kept (up to TEXT_ROW_CACHE_IDS ids) rather than projected again at each; projected
+        alone, as before it was kept (a batch of rows could round differently)."""
+        row = self.text_row_cache.get(token_id)
+        if row is None:
+            row = text_rows(self.talker, self.thinker_embeddings, [token_id])
+            if len(self.text_row_cache) < TEXT_ROW_CACHE_IDS:
+                self.text_row_cache[token_id] = row
+        return row
+
+    def _build_step_rows(self, sequences: list[TalkerSequence]) -> None:
+        """The rows of the steps `begin` gave their text: the last frame's summed embeddings
+        plus the text's row, for all of them in one add. Built before anything that could
+        fail, and the same whenever built: a batch retried call by call finds them made."""
+        waiting = [s for s in sequences if s.step_text is not None]
+        if not waiting:
+            return
+        text = torch.cat([self._text_row(s.step_text) for s in waiting])
+        rows = torch.stack([s.frame_embeds for s in waiting]).to(text.dtype) + text
+        for sequence, row in zip(waiting, rows.split(1)):
+            sequence.step_rows.append(row)
+            sequence.step_text = sequence.frame_embeds = None
 
     # ------------------------------------------------------------ the step
 
     @torch.inference_mode()
     def run(self, calls: list[NodeCall]) -> list[dict | None]:
         sequences = [self.sequences[call.stream.handle] for call in calls]
+        self._build_step_rows(sequences)
         handles = [call.stream.handle for call in calls]
         starts = [s.num_computed for s in sequences]
         counts = [call.num_tokens for call in calls]
-        rows = torch.cat([s.rows[a : a + n] for s, a, n in zip(sequences, starts, counts)])
+        rows = torch.cat([s.rows(a, n) for s, a, n in zip(sequences, starts, counts)])
         tables = [self.cache.page_tables[h] for h in handles]
         graphs = self.decode_graphs
-        if (graphs is not None and all(s.rope is None and a > 0 and n == 1 and a + 1 == len(s.rows)
+        if (graphs is not None and all(s.rope is None and a > 0 and n == 1 and a + 1 == s.num_rows
                                        for s, a, n in zip(sequences, starts, counts))
                 and graphs.fits(len(calls), max(len(t) for t in tables))):
             # a decode step: each stream's one new row (text positions), its frame sampled now
@@ -201,7 +247,7 @@ class TalkerExecutor(NodeExecutor):
         metadata = build_metadata(self.cache, handles, starts, counts, self.device)
         hidden = self.talker(rows.to(self.talker_dtype), positions, PagedAttention(self.cache, metadata))
         ends = np.cumsum(counts) - 1
-        done = [i for i, (s, a, n) in enumerate(zip(sequences, starts, counts)) if a + n == len(s.rows)]
+        done = [i for i, (s, a, n) in enumerate(zip(sequences, starts, counts)) if a + n == s.num_rows]
         frames = []
         if done:
             last = hidden[torch.tensor(ends[done], device=self.device)]
