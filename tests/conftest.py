@@ -27,18 +27,6 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture
-def few_decode_splits(monkeypatch):
-    """Decode steps split each sequence's keys at most 2 ways (on a GPU: up to 16).
-
-    Decode graphs on a CPU run paged attention in Triton's interpreter, one Python call per
-    program (kv head x split x sequence), and nearly every one of 16 splits is an empty
-    share of a short test context: 2 still run the split kernel and its merge, at an eighth
-    of the programs. tests/kernels/test_paged_attention.py checks the 16-way split itself."""
-    if not torch.cuda.is_available():
-        monkeypatch.setattr("omniwalk.kernels.paged_attention.MAX_SPLITS", 2)
-
-
-@pytest.fixture
 def record_batch_sizes(monkeypatch):
     """`record_batch_sizes(executor_class)` spies on its `run`: the returned list gets each
     batch's number of calls."""

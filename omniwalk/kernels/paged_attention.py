@@ -55,7 +55,8 @@ def paged_attention(
     block_m = 1 if max_query_len == 1 else max(1, 64 // group)
     rows = max(16, triton.next_power_of_2(block_m * group))
     num_sequences = query_start.shape[0] - 1
-    splits = decode_splits(num_sequences, num_kv_heads) if max_query_len == 1 else 1
+    max_splits = MAX_SPLITS if query.is_cuda else INTERPRETER_MAX_SPLITS
+    splits = decode_splits(num_sequences, num_kv_heads, max_splits) if max_query_len == 1 else 1
     block_d = max(16, triton.next_power_of_2(head_dim))   # tl.dot's K is at least 16; the rest masked
     partial_acc = partial_stats = out
     if splits > 1:   # [tokens, heads, splits, dim] and [tokens, heads, splits, (max, sum)]
@@ -91,12 +92,16 @@ def paged_attention(
 TARGET_PROGRAMS = 128
 MAX_SPLITS = 16
 SPLIT_BLOCK_N = 32
+#: Triton's interpreter on a CPU (CI) has no SMs to fill and runs one Python call per
+#: program (a decode graph's step there ~3x slower split 2 ways): unsplit. The split kernel
+#: and its merge are checked on CPU by tests/kernels/test_paged_attention.py, which sets this
+INTERPRETER_MAX_SPLITS = 1
 
 
-def decode_splits(num_sequences: int, num_kv_heads: int) -> int:
+def decode_splits(num_sequences: int, num_kv_heads: int, max_splits: int = MAX_SPLITS) -> int:
     """How many ways a decode step splits each sequence's keys: 1 once the batch alone
     fills the GPU. A function of the batch's shape (not of its lengths): graph-capturable."""
-    wanted = min(MAX_SPLITS, TARGET_PROGRAMS // max(1, num_sequences * num_kv_heads))
+    wanted = min(max_splits, TARGET_PROGRAMS // max(1, num_sequences * num_kv_heads))
     return 1 << (wanted.bit_length() - 1) if wanted > 1 else 1   # a power of two (tl.arange)
 
 

@@ -14,9 +14,6 @@ from omniwalk.engine.cuda_graphs import DecodeGraphs
 from omniwalk.engine.prefill_graphs import PrefillGraphs
 from omniwalk.loading import load_model
 
-# decode-graph steps run paged attention in Triton's interpreter: 2 key splits, not 16 (conftest.py)
-pytestmark = pytest.mark.usefixtures("few_decode_splits")
-
 PROMPTS = ["The quick brown fox", "1 2 3 4", "Once upon a time there was", "a"]
 
 

@@ -116,6 +116,7 @@ def test_split_decode_matches_sdpa_on_cpu(seed, monkeypatch):
     from omniwalk.kernels import paged_attention
 
     monkeypatch.setattr(paged_attention, "SPLIT_BLOCK_N", 8)
+    monkeypatch.setattr(paged_attention, "INTERPRETER_MAX_SPLITS", paged_attention.MAX_SPLITS)   # the GPU's splits
     compare_split_decode(seed, 4, 2, 16, 4)
 
 

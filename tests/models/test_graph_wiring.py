@@ -25,8 +25,7 @@ for _module in LOADERS:
 
 # slow: every family loaded twice, plain and with decode graphs (test_lookahead.py keeps the
 # graphs in a `-m "not slow"` run)
-# (and paged attention with 2 key splits, not 16, under Triton's interpreter: conftest.py)
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("few_decode_splits")]
+pytestmark = pytest.mark.slow
 
 
 def run(model: str, graphs: bool, monkeypatch, work):

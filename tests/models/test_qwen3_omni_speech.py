@@ -14,9 +14,6 @@ from omniwalk.models.qwen3_omni.talker_config import TalkerConfig  # noqa: E402
 from omniwalk.models.qwen3_omni.talker_prompt import NO_CODEC, talker_prompt, trailing_id  # noqa: E402
 from qwen3_omni_speech_config import SPEAKERS, full_hf_config  # noqa: E402
 
-# the Talker's decode graphs run paged attention in Triton's interpreter on a CPU: 2-way splits
-pytestmark = pytest.mark.usefixtures("few_decode_splits")
-
 # system turn, user turn, assistant turn opened: the Talker reads the user turn only
 PROMPT = [280, 284, 10, 11, 281, 12, 280, 282, 13, 14, 15, 281, 12, 280, 283, 12]
 

@@ -342,7 +342,6 @@ def test_english_only_checkpoint_equals_hf_generate(checkpoint, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("few_decode_splits")   # paged attention in Triton's interpreter (conftest.py)
 def test_decode_graph_path_equals_eager_path(monkeypatch):
     """The decoder's decode-graph path (eager on a CPU, the same buffers and cross-attention
     slots a captured graph reads) gives the eager path's ids, with language detection,
