@@ -12,8 +12,8 @@ item's content. Errors name the item (`MediaInput.name`).
 from __future__ import annotations
 
 import dataclasses
-import logging
 import hashlib
+import logging
 import re
 from typing import Any
 
