@@ -5,9 +5,9 @@ series), so one dashboard can chart several servers. Two kinds of values:
 
 * per-request events, recorded by the server as chunks reach it: requests by outcome,
   prompt and generated token counts, time to first token, time per output token and
-  end-to-end latency; on a speech model the audio's SLOs (time to first audio, real-time
-  factor, audio seconds out); on a transcription model the audio seconds in and each
-  request's real-time factor;
+  end-to-end latency; on a speech model, or one that speaks its chat answers, the audio's
+  SLOs (time to first audio, real-time factor, audio seconds out); on a transcription model
+  the audio seconds in and each request's real-time factor;
 * engine state, read at scrape time by a collector: waiting and running requests,
   requests in flight, KV cache pages used and free, engine steps and preemptions (the
   loop's last `LoopStats`, which the engine process sends with each step's outputs).
@@ -116,8 +116,11 @@ class ServerMetrics:
         capabilities = engine.capabilities
         self.ttfa = self.speech_rtf = self.audio_output_seconds = None
         self.audio_input_seconds = self.transcription_rtf = None
-        if Capability.SPEECH in capabilities:
-            self.speech_sampling_rate = engine.frontend(Capability.SPEECH).sampling_rate
+        # a model that speaks its chat answers (Qwen3-Omni) has the speech series too
+        speaking = engine.frontend(Capability.TEXT) if Capability.TEXT in capabilities else None
+        if Capability.SPEECH in capabilities or (speaking is not None and speaking.voices):
+            self.speech_sampling_rate = (engine.frontend(Capability.SPEECH).sampling_rate
+                                         if Capability.SPEECH in capabilities else speaking.audio_sample_rate)
             self.ttfa = self._histogram("omniwalk_time_to_first_audio_seconds",
                                         "Request accepted -> first audio samples", _LATENCY_BUCKETS)
             self.speech_rtf = self._histogram("omniwalk_audio_real_time_factor",
@@ -163,6 +166,8 @@ class ServerMetrics:
         """The record of one engine request (`request`: a GenerationRequest, SpeechRequest, ...)."""
         record_type = {Capability.SPEECH: SpeechRecord,
                        Capability.TRANSCRIPTION: TranscriptionRecord}.get(capability_of(type(request)), RequestRecord)
+        if getattr(request, "speech", None) is not None:   # a chat answer spoken as well
+            record_type = SpokenAnswerRecord
         return record_type(self, num_prompt_tokens, start)
 
 
@@ -218,16 +223,27 @@ class SpeechRecord(RequestRecord):
         self.num_samples = 0
 
     def on_output(self, chunk, now: float) -> None:
-        if chunk.pcm:
+        pcm = self.audio_of(chunk)
+        if pcm:
             if self.num_samples == 0:
                 self.metrics.ttfa.observe(now - self.start)
-            self.num_samples += len(chunk.pcm) // 2   # int16 mono
+            self.num_samples += len(pcm) // 2   # int16 mono
+
+    def audio_of(self, chunk) -> bytes:
+        return chunk.pcm
 
     def on_completed(self, e2e: float, last_chunk) -> None:
         seconds = self.num_samples / self.metrics.speech_sampling_rate
         self.metrics.audio_output_seconds.inc(seconds)
         if seconds > 0:
             self.metrics.speech_rtf.observe(e2e / seconds)
+
+
+class SpokenAnswerRecord(SpeechRecord):
+    """A chat answer in text and audio: a text request's figures and a speech request's."""
+
+    def audio_of(self, chunk) -> bytes:
+        return chunk.audio
 
 
 class TranscriptionRecord(RequestRecord):

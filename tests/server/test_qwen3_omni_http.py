@@ -145,6 +145,18 @@ def test_spoken_answer_streamed_equals_not(client, frames):
     assert pcm == samples.tobytes() and transcript == audio.transcript
 
 
+def test_spoken_answers_feed_the_audio_metrics(server, client):
+    names = ("omniwalk_time_to_first_audio_seconds_count", "omniwalk_audio_real_time_factor_count",
+             "omniwalk_audio_output_seconds_total")
+    before = {name: server.metric(name) for name in names}
+    frames = 4
+    spoken(client, frames)                         # one whole, one streamed
+    list(spoken(client, frames, stream=True))
+    after = {name: server.metric(name) for name in names}
+    assert after[names[0]] == before[names[0]] + 2 and after[names[1]] == before[names[1]] + 2
+    assert after[names[2]] - before[names[2]] == pytest.approx(2 * (frames * SAMPLES_PER_FRAME - LOOKAHEAD) / 24000)
+
+
 @pytest.mark.parametrize("body, param", [
     ({"modalities": ["text", "audio"]}, "audio"),
     ({"modalities": ["audio"], "audio": {"voice": "ethan"}}, "modalities"),
