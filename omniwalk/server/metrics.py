@@ -89,6 +89,7 @@ class ServerMetrics:
         # running totals, for the periodic stats line (stats_log.py): Counter values are not public
         self.total_prompt_tokens = 0
         self.total_generation_tokens = 0
+        self.total_audio_samples_out = 0   # as the chunks arrive (the stats line's audio rate)
         self._requests = Counter("omniwalk_requests", "Requests by outcome: a finish reason (length, stop, "
                                  "abort, error), rejected (429) or invalid (4xx)", ["model_name", "outcome"],
                                  registry=self.registry)
@@ -228,6 +229,7 @@ class SpeechRecord(RequestRecord):
             if self.num_samples == 0:
                 self.metrics.ttfa.observe(now - self.start)
             self.num_samples += len(pcm) // 2   # int16 mono
+            self.metrics.total_audio_samples_out += len(pcm) // 2
 
     def audio_of(self, chunk) -> bytes:
         return chunk.pcm

@@ -157,6 +157,16 @@ def test_spoken_answers_feed_the_audio_metrics(server, client):
     assert after[names[2]] - before[names[2]] == pytest.approx(2 * (frames * SAMPLES_PER_FRAME - LOOKAHEAD) / 24000)
 
 
+def test_stats_line_reports_the_audio_rate(server, client):
+    from omniwalk.server.stats_log import StatsLogger
+
+    logger = StatsLogger(server.engine, server.app.state.ctx.metrics, clock=iter([0.0, 0.01, 0.02]).__next__)
+    list(spoken(client, 25, stream=True))   # 25 * 96 - 32 samples: 0.0987 s of 24 kHz audio in a 0.01 s interval
+    server.wait_idle()
+    assert "tokens/s, Avg audio throughput: 9.9 audio s/s, Running: 0 reqs" in logger.tick()
+    assert "Avg audio throughput: 0.0 audio s/s" in logger.tick()   # the interval it went idle
+
+
 @pytest.mark.parametrize("body, param", [
     ({"modalities": ["text", "audio"]}, "audio"),
     ({"modalities": ["audio"], "audio": {"voice": "ethan"}}, "modalities"),
