@@ -15,8 +15,8 @@ with the scratch page for their keys/values and the scratch slot for their state
 owned by no sequence, shared with the decode graphs), so what they compute lands where
 nobody reads. As in `DecodeGraphs`, each piece's state rows (read, write) are inputs; the
 executor commits them once the step succeeded. Buckets hold pieces of at most
-`MAX_TOKENS` tokens in all, so every piece is short: a hybrid model's recurrent layers
-take their one-launch kernel.
+`MAX_TOKENS` tokens in all (a hybrid model: `HYBRID_MAX_TOKENS`, so every piece is short
+and its recurrent layers take their one-launch kernel).
 
 On a CPU nothing is captured and `run` computes the padded batch eagerly from the same
 buffers, so CI runs the padding and the buffers.
@@ -30,10 +30,15 @@ import torch
 from omniwalk.engine.attention import AttentionMetadata, PagedAttention
 from omniwalk.engine.cuda_graphs import BucketGraphs, DecodeGraphs
 from omniwalk.engine.ragged import RaggedLengths, conv_window_indices
+from omniwalk.layers.gated_delta_rule import RECURRENT_PREFILL_MAX_LEN
 
-TOKEN_BUCKETS = (16, 32, 64, 128)
+# 256: a 128-token prompt with its padding sequence (the text tables' c = 1 prompts) fits a
+# graph; on the H200 that prompt ran eagerly in 46 ms (the Qwen3-Omni Thinker, with PDL's
+# graph-only kernels) against 32 ms replayed for prompts that fit (not yet measured with 256)
+TOKEN_BUCKETS = (16, 32, 64, 128, 256)
 SEQUENCE_BUCKETS = (2, 4, 8)           # padding included: up to 7 real pieces
 MAX_TOKENS = TOKEN_BUCKETS[-1]
+HYBRID_MAX_TOKENS = RECURRENT_PREFILL_MAX_LEN   # the recurrent layers' one-launch kernel
 
 
 class PrefillGraphs(BucketGraphs):
@@ -50,8 +55,9 @@ class PrefillGraphs(BucketGraphs):
         columns = decode_graphs.slot_columns
         self.max_pages = decode_graphs.max_pages
         self.conv_kernel = conv_kernel or 1
-        self.buckets = sorted((t, n) for t in TOKEN_BUCKETS for n in SEQUENCE_BUCKETS)
-        tokens, seqs, kernel = MAX_TOKENS, SEQUENCE_BUCKETS[-1], self.conv_kernel
+        max_tokens = MAX_TOKENS if conv_kernel is None else HYBRID_MAX_TOKENS
+        self.buckets = sorted((t, n) for t in TOKEN_BUCKETS if t <= max_tokens for n in SEQUENCE_BUCKETS)
+        tokens, seqs, kernel = max_tokens, SEQUENCE_BUCKETS[-1], self.conv_kernel
         # one long and one int32 buffer, staged through pinned memory in one copy each
         self._long_fields = {"input_ids": tokens, "positions": tokens, "kv_slots": tokens, "ends": seqs,
                              "row_slots": columns * seqs, "cu_seqlens": seqs + 1, "conv_gather": tokens * kernel,

@@ -53,3 +53,19 @@ def test_padded_layout_in_the_device_buffers():
     # nothing committed: a second replay reads the same committed states
     assert torch.equal(logits, graphs.run(list(range(8)), [0, 1, 2, 3, 4, 16, 17, 18], kv_slots, context_lens,
                                           query_lens, tables, row_slots=[pool.rows(h) for h in handles]))
+
+
+def test_a_128_token_prompt_fits_a_graph_except_on_a_hybrid_model():
+    """Non-hybrid models have a 256-token bucket (a 128-token prompt and its padding sequence);
+    a hybrid model's pieces stay within its recurrent layers' one-launch kernel (128 tokens)."""
+    from omniwalk.layers.gated_delta_rule import RECURRENT_PREFILL_MAX_LEN
+
+    for model, conv in (("tiny-qwen3", False), ("tiny-qwen3_5", True)):
+        loaded = load_model(EngineArgs(model, device="cpu", dtype="float32", kv_cache_tokens=4096, max_num_seqs=4))
+        executor = next(e for e in loaded.served.executors.values() if hasattr(e, "cache"))
+        pool = getattr(executor, "state_pool", None)
+        decode = DecodeGraphs(executor.model, executor.cache, 4, 32, pool)
+        graphs = PrefillGraphs(executor.model, decode, pool.shape.conv_kernel if conv else None)
+        fits = graphs.bucket_for([128], [8])
+        assert fits == (None if conv else (256, 2))
+        assert max(tokens for tokens, _ in graphs.buckets) == (RECURRENT_PREFILL_MAX_LEN if conv else 256)
