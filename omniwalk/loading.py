@@ -330,9 +330,12 @@ def capture_prefill_graphs(lm, graphs: DecodeGraphs | None, conv_kernel: int | N
     arrivals of a wave), beside the decode graphs; None without those or if capture fails."""
     if graphs is None:
         return None
-    from omniwalk.engine.prefill_graphs import PrefillGraphs
+    from omniwalk.engine.prefill_graphs import MAX_TOKENS, PrefillGraphs
+    from omniwalk.layers.gated_delta_rule import RECURRENT_PREFILL_MAX_LEN
 
-    prefill = PrefillGraphs(lm, graphs, conv_kernel=conv_kernel)
+    # a hybrid model's pieces stay short enough for its recurrent layers' one-launch kernel
+    max_tokens = MAX_TOKENS if conv_kernel is None else RECURRENT_PREFILL_MAX_LEN
+    prefill = PrefillGraphs(lm, graphs, conv_kernel=conv_kernel, max_tokens=max_tokens)
     started = time.perf_counter()
     try:
         prefill.capture()

@@ -15,8 +15,8 @@ with the scratch page for their keys/values and the scratch slot for their state
 owned by no sequence, shared with the decode graphs), so what they compute lands where
 nobody reads. As in `DecodeGraphs`, each piece's state rows (read, write) are inputs; the
 executor commits them once the step succeeded. Buckets hold pieces of at most
-`MAX_TOKENS` tokens in all (a hybrid model: `HYBRID_MAX_TOKENS`, so every piece is short
-and its recurrent layers take their one-launch kernel).
+`max_tokens` tokens in all (`MAX_TOKENS`; a hybrid model's loader passes fewer, so every
+piece is short and its recurrent layers take their one-launch kernel).
 
 On a CPU nothing is captured and `run` computes the padded batch eagerly from the same
 buffers, so CI runs the padding and the buffers.
@@ -30,7 +30,6 @@ import torch
 from omniwalk.engine.attention import AttentionMetadata, PagedAttention
 from omniwalk.engine.cuda_graphs import BucketGraphs, DecodeGraphs
 from omniwalk.engine.ragged import RaggedLengths, conv_window_indices
-from omniwalk.layers.gated_delta_rule import RECURRENT_PREFILL_MAX_LEN
 
 # 256: a 128-token prompt with its padding sequence (the text tables' c = 1 prompts) fits a
 # graph; on the H200 that prompt ran eagerly in 46 ms (the Qwen3-Omni Thinker, with PDL's
@@ -38,13 +37,14 @@ from omniwalk.layers.gated_delta_rule import RECURRENT_PREFILL_MAX_LEN
 TOKEN_BUCKETS = (16, 32, 64, 128, 256)
 SEQUENCE_BUCKETS = (2, 4, 8)           # padding included: up to 7 real pieces
 MAX_TOKENS = TOKEN_BUCKETS[-1]
-HYBRID_MAX_TOKENS = RECURRENT_PREFILL_MAX_LEN   # the recurrent layers' one-launch kernel
 
 
 class PrefillGraphs(BucketGraphs):
-    def __init__(self, model: torch.nn.Module, decode_graphs: DecodeGraphs, conv_kernel: int | None = None):
+    def __init__(self, model: torch.nn.Module, decode_graphs: DecodeGraphs, conv_kernel: int | None = None,
+                 max_tokens: int = MAX_TOKENS):
         """`decode_graphs` lends its cache, scratch page, slot resource and scratch slot;
-        `conv_kernel`: the recurrent layers' conv width (hybrid models)."""
+        `conv_kernel`: the recurrent layers' conv width (hybrid models); `max_tokens`: the
+        largest bucket's tokens."""
         self.model = model
         self.cache = decode_graphs.cache
         self.device = decode_graphs.device
@@ -55,7 +55,6 @@ class PrefillGraphs(BucketGraphs):
         columns = decode_graphs.slot_columns
         self.max_pages = decode_graphs.max_pages
         self.conv_kernel = conv_kernel or 1
-        max_tokens = MAX_TOKENS if conv_kernel is None else HYBRID_MAX_TOKENS
         self.buckets = sorted((t, n) for t in TOKEN_BUCKETS if t <= max_tokens for n in SEQUENCE_BUCKETS)
         tokens, seqs, kernel = max_tokens, SEQUENCE_BUCKETS[-1], self.conv_kernel
         # one long and one int32 buffer, staged through pinned memory in one copy each

@@ -58,6 +58,7 @@ def test_padded_layout_in_the_device_buffers():
 def test_a_128_token_prompt_fits_a_graph_except_on_a_hybrid_model():
     """Non-hybrid models have a 256-token bucket (a 128-token prompt and its padding sequence);
     a hybrid model's pieces stay within its recurrent layers' one-launch kernel (128 tokens)."""
+    from omniwalk import loading
     from omniwalk.layers.gated_delta_rule import RECURRENT_PREFILL_MAX_LEN
 
     for model, conv in (("tiny-qwen3", False), ("tiny-qwen3_5", True)):
@@ -65,7 +66,7 @@ def test_a_128_token_prompt_fits_a_graph_except_on_a_hybrid_model():
         executor = next(e for e in loaded.served.executors.values() if hasattr(e, "cache"))
         pool = getattr(executor, "state_pool", None)
         decode = DecodeGraphs(executor.model, executor.cache, 4, 32, pool)
-        graphs = PrefillGraphs(executor.model, decode, pool.shape.conv_kernel if conv else None)
+        graphs = loading.capture_prefill_graphs(executor.model, decode, pool.shape.conv_kernel if conv else None)
         fits = graphs.bucket_for([128], [8])
         assert fits == (None if conv else (256, 2))
         assert max(tokens for tokens, _ in graphs.buckets) == (RECURRENT_PREFILL_MAX_LEN if conv else 256)
