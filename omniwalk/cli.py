@@ -88,8 +88,9 @@ def _add_engine_flags(parser: argparse.ArgumentParser, seed: bool = True, engine
                        help="an idle engine woken by a request first waits while more arrive, each within this "
                             "many ms of the last (at most 50 ms in all), so a burst is prefilled together; 0: off")
     group.add_argument("--no-startup-warmup", dest="startup_warmup", action="store_const", const=False, default=None,
-                       help="CUDA: start without running a few warm-up requests (they compile at load what "
-                            "the first requests would otherwise compile: ~1 s) (default: warm up on CUDA)")
+                       help="CUDA: start without the warm-up: the MoE kernels run at every batch size class and "
+                            "a few warm-up requests, which compile at load what the first requests would otherwise "
+                            "compile in their steps (seconds; Triton keeps them on disk) (default: warm up on CUDA)")
     group.add_argument("--codec", default=None,
                        help="TTS checkpoints: local codec folder (Orpheus: SNAC; default: MODEL/snac)")
 

@@ -31,6 +31,7 @@ import torch
 
 from omniwalk.engine.cuda_graphs import DecodeGraphs
 from omniwalk.engine.kv_cache import KVCacheShape, PagedKVCache
+from omniwalk.layers.moe import warm_up_moe_kernels
 from omniwalk.models.loader import init_random_weights, load_checkpoint_weights, read_hf_config
 from omniwalk.tokenizer import NoTokenizer, has_tokenizer_files, load_tokenizer
 
@@ -203,6 +204,8 @@ def load_model(args: EngineArgs) -> LoadedModel:
     if spec.prefill_graphs:
         ctx.prefill_graphs = capture_prefill_graphs(step, ctx.decode_graphs, spec.conv_kernel(ctx.config)
                                                     if spec.conv_kernel is not None else None)
+    if ctx.device.type == "cuda" and args.startup_warmup is not False:
+        warm_up_moe_kernels(ctx.module, args.max_num_batched_tokens)
     served = spec.serve(ctx)
     logger.info("loaded %s (%s, %s on %s%s); KV cache: %d tokens in %d pages of %d%s",
                 args.model, family.name, ctx.dtype, ctx.device, ", random weights" if ctx.random_weights else "",

@@ -277,10 +277,41 @@ def align_pairs_to_blocks_triton(topk_ids: torch.Tensor, num_experts: int, block
     block_e = triton.next_power_of_2(num_experts + 1)   # one more bin: the padding lanes' id
     starts = torch.empty(2 * block_e, dtype=torch.int32, device=ids.device)   # scratch
     _align_kernel[(1,)](ids, sorted_pairs, block_experts, starts, num_pairs, num_experts, num_blocks,
-                        BLOCK_M=block_m, BLOCK_P=triton.next_power_of_2(num_pairs), BLOCK_E=block_e,
-                        BLOCK_FILL=min(4096, triton.next_power_of_2(num_blocks * block_m)), num_warps=8,
-                        **pdl_launch(ids))
+                        BLOCK_M=block_m, BLOCK_P=align_block_pairs(num_pairs), BLOCK_E=block_e,
+                        BLOCK_FILL=ALIGN_BLOCK_FILL, num_warps=8, **pdl_launch(ids))
     return sorted_pairs, block_experts
+
+
+# Each constexpr value is a Triton compile of its own, seconds for the sort of 4096 lanes
+# (5.6 s on the H200 host), paid by the first request whose batch needs it: the alignment
+# sorts in three sizes of register block, and fills in steps of one size.
+ALIGN_BLOCK_FILL = 1024
+
+
+def align_block_pairs(num_pairs: int) -> int:
+    """The alignment kernel's sort width for `num_pairs` pairs: 256, 1024 or 4096."""
+    width = 256
+    while width < num_pairs:
+        width *= 4
+    return width
+
+
+def kernel_variant(num_tokens: int, top_k: int, num_experts: int) -> tuple:
+    """What `fused_moe` compiles for `num_tokens` tokens, as a key: calls with equal keys run
+    the same Triton kernels (their int arguments are not specialized)."""
+    num_pairs = num_tokens * top_k
+    tiles = moe_tiles(num_pairs, num_experts)
+    aligned = not (tiles.gemv or tiles.masked) and num_pairs <= ALIGN_MAX_PAIRS
+    return tiles, align_block_pairs(num_pairs) if aligned else None
+
+
+def variant_token_counts(top_k: int, num_experts: int, max_tokens: int) -> list[int]:
+    """The fewest token counts in 1..max_tokens whose `fused_moe` calls compile every variant
+    that any count in that range would (a warm-up runs them: layers/moe.py)."""
+    first: dict[tuple, int] = {}
+    for num_tokens in range(1, max_tokens + 1):
+        first.setdefault(kernel_variant(num_tokens, top_k, num_experts), num_tokens)
+    return sorted(first.values())
 
 
 def fused_moe(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
@@ -370,7 +401,7 @@ def _launch(a, weight, out, topk_weights, sorted_pairs, block_experts, num_block
 
 if triton is not None:
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["num_pairs"])
     def _fused_moe_kernel(
         a_ptr, w_ptr, out_ptr, topk_weights_ptr, sorted_pairs_ptr, block_experts_ptr,
         num_pairs, N, K, stride_a, stride_we, stride_wn, stride_out,
@@ -438,7 +469,7 @@ if triton is not None:
 
 if triton is not None:
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["num_pairs", "num_blocks"])
     def _align_kernel(ids_ptr, sorted_pairs_ptr, block_experts_ptr, starts_ptr, num_pairs, num_experts, num_blocks,
                       BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_FILL: tl.constexpr,
                       PDL: tl.constexpr):
@@ -506,7 +537,7 @@ if triton is not None:
             result = result * tl.load(topk_weights_ptr + pair).to(tl.float32)
         tl.store(out_ptr + pair * stride_out + cols, result.to(dtype), mask=col_ok)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["num_tokens"])
     def _routing_kernel(logits_ptr, weights_ptr, ids_ptr, num_tokens, num_experts, TOP_K: tl.constexpr,
                         NORMALIZE: tl.constexpr, ROWS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
                         PDL: tl.constexpr):

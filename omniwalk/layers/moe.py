@@ -17,17 +17,21 @@ picks the CUDA one, and a block's `backend` attribute overrides both (tests, ben
 from __future__ import annotations
 
 import functools
+import logging
 import os
+import time
 
 import torch
 from torch import nn
 
-from omniwalk.kernels.fused_moe import MOE_BACKENDS, ExpertRows, moe_experts, select_experts
+from omniwalk.kernels.fused_moe import MOE_BACKENDS, ExpertRows, moe_experts, select_experts, variant_token_counts
 from omniwalk.kernels.triton_support import triton
 from omniwalk.layers.linear import Linear
 from omniwalk.layers.mlp import GatedMLP
 
 BACKEND_ENV = "OMNIWALK_MOE_BACKEND"
+
+logger = logging.getLogger(__name__)
 
 
 @functools.cache
@@ -101,3 +105,31 @@ class SharedExpertMoeBlock(SparseMoeBlock):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [num_tokens, hidden]
         shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return super().forward(x) + shared
+
+
+@torch.inference_mode()
+def warm_up_moe_kernels(model: nn.Module, max_tokens: int) -> dict[tuple, list[int]]:
+    """Runs one MoE block of each distinct shape in `model` eagerly at the token counts
+    (1..max_tokens) that reach every Triton variant of its experts' kernels, so none is
+    compiled while serving: on the H200 host each took 0.3-5.6 s, inside the step of the
+    first batch that needed it (a second wave of 32 speaking requests waited 1.6 s for its
+    first token, twice as many arrivals over HTTP up to 8 s). CUDA graphs compile their
+    own at capture; this is for the eager passes (prefill, mixed batches). Returns the
+    token counts run per block shape."""
+    runs: dict[tuple, list[int]] = {}
+    started = time.perf_counter()
+    for block in model.modules():
+        if not isinstance(block, SparseMoeBlock):
+            continue
+        weight = block.experts.gate_up_proj
+        key = (type(block), tuple(weight.shape), block.top_k, block.norm_topk_prob, weight.dtype, weight.device)
+        if key in runs:
+            continue
+        runs[key] = variant_token_counts(block.top_k, block.experts.num_experts, max_tokens)
+        for num_tokens in runs[key]:
+            block(torch.randn(num_tokens, weight.shape[2], dtype=weight.dtype, device=weight.device))
+    if runs:
+        logger.info("compiled the MoE kernels of %d block shape(s) for 1..%d tokens (%s passes) in %.1f s",
+                    len(runs), max_tokens, "+".join(str(len(counts)) for counts in runs.values()),
+                    time.perf_counter() - started)
+    return runs

@@ -275,3 +275,29 @@ def test_cuda_graph_replay_with_new_inputs_equals_eager(cuda_block, backend, num
     assert not torch.equal(outputs[0], outputs[1])   # the replays saw the new inputs
     for replayed, expected in zip(outputs, eager):
         torch.testing.assert_close(replayed, expected, atol=1e-3, rtol=1e-2)
+
+
+def test_variant_token_counts_reach_every_kernel_variant_once():
+    from omniwalk.kernels.fused_moe import kernel_variant, variant_token_counts
+
+    for top_k, experts, max_tokens in ((8, 128, 8192), (6, 128, 2048), (2, 8, 300)):
+        counts = variant_token_counts(top_k, experts, max_tokens)
+        reached = {kernel_variant(n, top_k, experts) for n in counts}
+        assert len(reached) == len(counts)   # no two counts compile the same kernels
+        assert reached == {kernel_variant(n, top_k, experts) for n in range(1, max_tokens + 1)}
+
+
+def test_warm_up_runs_each_block_shape_once_at_its_variant_counts():
+    from omniwalk.kernels.fused_moe import variant_token_counts
+
+    model = nn.Sequential(*(SparseMoeBlock(HIDDEN, INTERMEDIATE, EXPERTS, TOP_K, True) for _ in range(3)),
+                          SparseMoeBlock(HIDDEN, INTERMEDIATE, EXPERTS, 1, True))
+    for block in model:
+        random_(block, 0)
+    seen = []
+    model[0].register_forward_pre_hook(lambda _, args: seen.append(args[0].shape[0]))
+    model[1].register_forward_pre_hook(lambda _, args: seen.append(-1))
+    runs = moe.warm_up_moe_kernels(model, 40)
+    assert sorted(counts for counts in runs.values()) == sorted(
+        [variant_token_counts(TOP_K, EXPERTS, 40), variant_token_counts(1, EXPERTS, 40)])
+    assert seen == variant_token_counts(TOP_K, EXPERTS, 40)   # the first block of a shape, alone
