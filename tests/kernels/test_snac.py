@@ -20,6 +20,15 @@ def test_snake():
     torch.testing.assert_close(snac.snake(x, alpha), snac.snake_reference(x, alpha), atol=1e-5, rtol=1e-5)
 
 
+def test_snake_beta_on_cropped_rows():
+    padded = torch.randn(2, 5, 45) * 3
+    x = padded[..., :37]   # a causal conv's output, cropped: rows 45 apart
+    alpha, beta = torch.rand(1, 5, 1) + 0.5, torch.rand(1, 5, 1) + 0.1
+    out = snac.snake(x, alpha, beta)
+    assert out.is_contiguous()
+    torch.testing.assert_close(out, snac.snake_beta_reference(x, alpha, beta), atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("dilation", [1, 3, 9])   # windows reaching past both ends of a short input
 def test_depthwise_conv_alone_and_with_the_next_snake(dilation):
     x, alpha = torch.randn(2, 5, 37) * 3, torch.rand(1, 5, 1) + 0.5
