@@ -83,7 +83,7 @@ def paged_attention(
     if splits > 1:
         _merge_splits_kernel[(num_tokens, num_heads)](
             partial_acc, partial_stats, out, out.stride(0), out.stride(1),
-            SPLITS=splits, HEAD_DIM=head_dim, BLOCK_D=block_d, num_warps=1, **pdl_launch(query))
+            SPLITS=splits, BLOCK_S=splits, HEAD_DIM=head_dim, BLOCK_D=block_d, num_warps=1, **pdl_launch(query))
     return out
 
 
@@ -98,10 +98,13 @@ SPLIT_BLOCK_N = 32
 INTERPRETER_MAX_SPLITS = 1
 
 
-def decode_splits(num_sequences: int, num_kv_heads: int, max_splits: int = MAX_SPLITS) -> int:
+def decode_splits(num_sequences: int, num_kv_heads: int, max_splits: int = MAX_SPLITS,
+                  target_programs: int | None = None) -> int:
     """How many ways a decode step splits each sequence's keys: 1 once the batch alone
-    fills the GPU. A function of the batch's shape (not of its lengths): graph-capturable."""
-    wanted = min(max_splits, TARGET_PROGRAMS // max(1, num_sequences * num_kv_heads))
+    fills the GPU (`target_programs` programs; TARGET_PROGRAMS by default). A function of
+    the batch's shape (not of its lengths): graph-capturable."""
+    target = TARGET_PROGRAMS if target_programs is None else target_programs
+    wanted = min(max_splits, target // max(1, num_sequences * num_kv_heads))
     return 1 << (wanted.bit_length() - 1) if wanted > 1 else 1   # a power of two (tl.arange)
 
 
@@ -231,19 +234,23 @@ if triton is not None:
 
     @triton.jit
     def _merge_splits_kernel(partial_acc_ptr, partial_stats_ptr, out_ptr, stride_o_token, stride_o_head,
-                             SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
-        """out[token, head] from its SPLITS partials: each rescaled to the overall max."""
+                             SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, HEAD_DIM: tl.constexpr,
+                             BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+        """out[token, head] from its SPLITS partials: each rescaled to the overall max.
+        BLOCK_S: SPLITS rounded up to a power of two (tl.arange); cross-attention may split 3 ways."""
         await_predecessor(PDL)
         token = tl.program_id(0)
         head = tl.program_id(1)
-        row = (token * tl.num_programs(1) + head) * SPLITS + tl.arange(0, SPLITS)
+        split = tl.arange(0, BLOCK_S)
+        present = split < SPLITS
+        row = (token * tl.num_programs(1) + head) * SPLITS + split
         dims = tl.arange(0, BLOCK_D)
-        m = tl.load(partial_stats_ptr + row * 2)
-        l = tl.load(partial_stats_ptr + row * 2 + 1)
+        m = tl.load(partial_stats_ptr + row * 2, mask=present, other=float("-inf"))
+        l = tl.load(partial_stats_ptr + row * 2 + 1, mask=present, other=0.0)
         m_max = tl.max(m, axis=0)
         m_max = tl.where(m_max == float("-inf"), 0.0, m_max)   # nothing visible at all
         weight = tl.exp(m - m_max)                             # a share past the end: 0
-        acc = tl.load(partial_acc_ptr + row[:, None] * BLOCK_D + dims[None, :])
+        acc = tl.load(partial_acc_ptr + row[:, None] * BLOCK_D + dims[None, :], mask=present[:, None], other=0.0)
         total = tl.sum(weight * l, axis=0)
         out = tl.sum(acc * weight[:, None], axis=0) / tl.where(total == 0.0, 1.0, total)
         tl.store(out_ptr + token * stride_o_token + head * stride_o_head + dims, out.to(out_ptr.dtype.element_ty),

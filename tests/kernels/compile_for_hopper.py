@@ -58,12 +58,15 @@ KERNELS = [
      {"x_ptr": "*bf16", "gate_ptr": "*bf16", "weight_ptr": "*bf16", "out_ptr": "*bf16", "heads": "i32",
       "stride_gate_token": "i32", "stride_gate_head": "i32", "eps": "fp32", "width": "i32", "BLOCK": "constexpr"},
      {"BLOCK": 128}),
-    ("cross-attention decode", cross_attention._cross_decode_kernel,
-     {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "slot_ptr": "*i64", "out_ptr": "*bf16", "scale": "fp32",
+] + [
+    (f"cross-attention decode (split {splits})", cross_attention._cross_decode_kernel,
+     {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "slot_ptr": "*i64", "out_ptr": "*bf16",
+      "partial_acc_ptr": "*fp32", "partial_stats_ptr": "*fp32", "scale": "fp32",
       "stride_q_row": "i32", "stride_q_head": "i32", "stride_slot": "i64", "stride_pos": "i32", "stride_head": "i32",
       "stride_o_row": "i32", "stride_o_head": "i32", "source_len": "i32",
-      "HEAD_DIM": "constexpr", "BLOCK_D": "constexpr", "BLOCK_N": "constexpr"},
-     {"HEAD_DIM": 64, "BLOCK_D": 64, "BLOCK_N": 64}),
+      "HEAD_DIM": "constexpr", "BLOCK_D": "constexpr", "BLOCK_N": "constexpr", "SPLITS": "constexpr"},
+     {"HEAD_DIM": 64, "BLOCK_D": 64, "BLOCK_N": block_n, "SPLITS": splits}) for splits, block_n in ((1, 64), (16, 32))
+] + [
     ("snake", snac._snake_kernel,
      {"x_ptr": "*fp32", "alpha_ptr": "*fp32", "out_ptr": "*fp32", "channels": "i32", "length": "i32",
       "BLOCK": "constexpr"}, {"BLOCK": 1024}),
@@ -133,10 +136,12 @@ KERNELS += [
       "BLOCK_K": 4096 if preload else 512, "PRELOAD": preload})
     for preload in (False, True)
 ] + [
-    ("merge attention splits", paged_attention._merge_splits_kernel,
+    (f"merge attention splits ({splits})", paged_attention._merge_splits_kernel,
      {"partial_acc_ptr": "*fp32", "partial_stats_ptr": "*fp32", "out_ptr": "*bf16", "stride_o_token": "i32",
-      "stride_o_head": "i32", "SPLITS": "constexpr", "HEAD_DIM": "constexpr", "BLOCK_D": "constexpr"},
-     {"SPLITS": 16, "HEAD_DIM": 128, "BLOCK_D": 128}),
+      "stride_o_head": "i32", "SPLITS": "constexpr", "BLOCK_S": "constexpr", "HEAD_DIM": "constexpr",
+      "BLOCK_D": "constexpr"},
+     {"SPLITS": splits, "BLOCK_S": triton.next_power_of_2(splits), "HEAD_DIM": 128, "BLOCK_D": 128})
+    for splits in (16, 3)
 ]
 
 failed = 0
