@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The ASR table of docs/benchmarks.md: Whisper-large-v3's shape (issue 6), in-process, closed
 # loop: one 5 s synthetic clip per request with 32 transcript tokens at 1, 8 and 32 requests in
-# flight (issue 25's workload), and one 30 s clip with 200 tokens at 1, 16 and 64 (random
+# flight (issue 25's workload; large-v3-turbo's shape too, at 32), and one 30 s clip with 200 tokens at 1, 16 and 64 (random
 # weights decode the whole budget).
 #   bash benchmarks/asr.sh               (repository root, one H200; raw JSON in ${OUT:-benchmarks/results})
-# Expected: ~3.5 minutes on an H200 (three engines, ~30 s to start each).
+# Expected: ~4 minutes on an H200 (four engines, ~30 s to start each).
 set -euo pipefail
 source benchmarks/setup_device.sh
 
@@ -13,6 +13,7 @@ ASR5=(--asr --model benchmarks/whisper-large-v3 --load-format dummy --audio-seco
 
 # issue 25's short-clip workload: 5 s clips, 32 transcript tokens each
 bench asr5-c1-c8-c32 200 "${ASR5[@]}" --concurrency 1,8,32 --num-requests 64 --warmup 4
+bench asr5-turbo-c32 150 "${ASR5[@]/whisper-large-v3/whisper-large-v3-turbo}" --concurrency 32 --num-requests 64 --warmup 4
 bench asr-c1 180 "${ASR[@]}" --concurrency 1 --num-requests 6 --warmup 1
 bench asr-c16-c64 240 "${ASR[@]}" --concurrency 16,64 --num-requests 64 --warmup 4
 
