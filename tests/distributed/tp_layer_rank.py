@@ -1,15 +1,18 @@
 """One rank of the parallel-layer checks in test_tensor_parallel.py (a process of its own,
 joined to the others over gloo): `python tp_layer_rank.py RANK SIZE PORT`. Each sharded
 layer, loaded from full tensors, must compute what the unsharded torch op computes; the
-seeded random init must give every rank its slice of the one-device weights. Exits 0
+seeded random init and a checkpoint in Hugging Face's layout must give every rank its
+slice of the one-device weights. Exits 0
 when all hold, else prints what differs and exits 1."""
 
 from __future__ import annotations
 
 import sys
+import tempfile
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import save_file
 
 from omniwalk.engine.tensor_parallel import (
     TensorParallelGroup, init_tensor_parallel, set_tensor_parallel_group, tensor_parallel_group,
@@ -17,7 +20,7 @@ from omniwalk.engine.tensor_parallel import (
 from omniwalk.layers.parallel import ColumnParallelLinear, ParallelLMHead, RowParallelLinear, VocabParallelEmbedding
 from omniwalk.models.decoder_lm import CausalLM
 from omniwalk.models.decoder_lm.config import llama_tiny_config, qwen3_tiny_config
-from omniwalk.models.loader import init_random_weights
+from omniwalk.models.loader import init_random_weights, load_checkpoint_weights
 
 failures: list[str] = []
 
@@ -30,6 +33,22 @@ def check(what: str, got: torch.Tensor, expected: torch.Tensor, exact: bool = Fa
 
 def load(param: torch.nn.Parameter, full: torch.Tensor) -> None:
     param.weight_loader(param, full)
+
+
+def hf_layout(model: CausalLM) -> dict[str, torch.Tensor]:
+    """The model's weights as a Hugging Face checkpoint names them: packed projections apart."""
+    tensors = {}
+    modules = dict(model.named_modules())
+    for name, tensor in model.state_dict().items():
+        owner, _, rest = name.rpartition(".")   # rest: weight or bias
+        path, _, target = owner.rpartition(".")
+        packed = getattr(modules.get(path), "packed_projections", {})
+        parts = {child: (start, end) for child, (t, start, end) in packed.items() if t == target}
+        if parts:
+            tensors.update({f"{path}.{child}.{rest}": tensor[start:end].clone() for child, (start, end) in parts.items()})
+        elif not (model.config.tie_word_embeddings and name == "lm_head.weight"):
+            tensors[name] = tensor.clone()
+    return tensors
 
 
 def main(rank: int, size: int, port: int) -> int:
@@ -86,6 +105,26 @@ def main(rank: int, size: int, port: int) -> int:
             shard = getattr(param, "shard_of_full", None)
             check(f"random init of {name}", param.data, full[name].data if shard is None else shard(full[name].data),
                   exact=True)
+    # a checkpoint in Hugging Face's layout (q/k/v and gate/up apart): each packed part is
+    # split by heads or rows on its own, whole tensors by their rows or columns
+    for tiny in (qwen3_tiny_config, llama_tiny_config):
+        config = tiny(512)
+        previous = set_tensor_parallel_group(TensorParallelGroup())
+        whole = CausalLM(config)
+        init_random_weights(whole, seed=5)
+        set_tensor_parallel_group(previous)
+        with tempfile.TemporaryDirectory() as folder:
+            tensors = hf_layout(whole)
+            if not {"model.layers.0.self_attn.k_proj.weight", "model.layers.0.mlp.up_proj.weight"} <= tensors.keys():
+                failures.append("the checkpoint does not keep q/k/v and gate/up apart")
+            save_file(tensors, f"{folder}/model.safetensors")
+            sharded = CausalLM(config)
+            load_checkpoint_weights(sharded, folder)
+        full = dict(whole.named_parameters())
+        for name, param in sharded.named_parameters():
+            shard = getattr(param, "shard_of_full", None)
+            check(f"checkpoint load of {name}", param.data,
+                  full[name].data if shard is None else shard(full[name].data), exact=True)
     for failure in failures:
         print(f"rank {rank}: {failure}", file=sys.stderr)
     return 1 if failures else 0
