@@ -15,6 +15,10 @@ file means the API process is gone (exited, killed, even SIGKILL), and the engin
 exits too, so none outlives its server. It ignores SIGINT (a Ctrl-C reaches the whole
 process group; the API process shuts it down in order). The API process learns of the
 engine's death the same way: end of file, then the exit status.
+
+With `tensor_parallel_size` N > 1 the engine process is rank 0 of a tensor-parallel group:
+it starts ranks 1..N-1 before loading, and each of its steps is mirrored by them
+(omniwalk/tensor_parallel_ranks.py); they exit when it does.
 """
 
 from __future__ import annotations
