@@ -125,11 +125,32 @@ class Ranks:
                 ours.send(RankSetup(setup, rank, size, port, ranks.check_outputs))
             logger.info("tensor parallel: ranks 1..%d started (pids %s); joining on 127.0.0.1:%d", size - 1,
                         ", ".join(str(p.pid) for p in ranks.processes), port)
-            init_tensor_parallel(0, size, port, resolve_device(setup.args.device).type)
+            ranks._join(lambda: init_tensor_parallel(0, size, port, resolve_device(setup.args.device).type))
         except BaseException:
             ranks.stop()
             raise
         return ranks
+
+    def _join(self, init) -> None:
+        """Runs `init` (the rendezvous) on a thread while watching the ranks: one that exits
+        before it joined fails the start at once instead of after COLLECTIVE_TIMEOUT_S."""
+        failed: list[BaseException] = []
+
+        def rendezvous() -> None:
+            try:
+                init()
+            except BaseException as exc:
+                failed.append(exc)
+
+        joiner = threading.Thread(target=rendezvous, name="omniwalk-tp-rendezvous", daemon=True)
+        joiner.start()
+        while joiner.is_alive():
+            joiner.join(timeout=0.1)
+            for rank, process in enumerate(self.processes, start=1):
+                if joiner.is_alive() and process.poll() is not None:   # the stuck thread dies with the process
+                    raise RuntimeError(f"tensor-parallel rank {rank} {self._exit_reason(rank)} before it joined")
+        if failed:
+            raise failed[0]
 
     @property
     def pids(self) -> tuple[int, ...]:

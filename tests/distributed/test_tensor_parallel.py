@@ -17,7 +17,7 @@ from omniwalk.api import Engine, GenerationRequest
 from omniwalk.engine.sampler import SamplingParams
 from omniwalk.loading import EngineArgs, read_model
 from omniwalk.layers.parallel import check_decoder_split
-from omniwalk.tensor_parallel_ranks import CHECK_OUTPUTS_ENV, free_port
+from omniwalk.tensor_parallel_ranks import CHECK_OUTPUTS_ENV, Ranks, free_port
 
 RANK_SCRIPT = Path(__file__).with_name("tp_layer_rank.py")
 
@@ -84,7 +84,7 @@ def test_two_ranks_give_the_ids_of_one(model, monkeypatch):
 def test_sizes_that_do_not_split_are_refused():
     with pytest.raises(ValueError, match=r"tensor parallel size 3 does not divide num_heads \(4\), "
                                          r"num_kv_heads \(2\), intermediate_size \(128\), vocab_size \(512\)"):
-        read_model(EngineArgs("tiny-qwen3", engine_process=True, tensor_parallel_size=3))
+        Engine(EngineArgs("tiny-qwen3", engine_process=True, tensor_parallel_size=3))   # before any process starts
     config = read_model(EngineArgs("tiny-llama")).config
     with pytest.raises(ValueError, match=r"does not divide num_kv_heads \(2\)"):   # KV heads are not replicated
         check_decoder_split(config, 4)
@@ -129,3 +129,13 @@ def test_the_other_ranks_exit_when_rank_0_is_killed():
         assert not alive(rank_pid)
     finally:
         engine.shutdown()
+
+
+def test_a_rank_that_dies_before_joining_fails_the_start_at_once():
+    """Not after the rendezvous's timeout: rank 0 watches the ranks while it waits."""
+    dead = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"])
+    ranks = Ranks([dead], [])
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"tensor-parallel rank 1 \(pid \d+\) exited with status 3 before it joined"):
+        ranks._join(lambda: time.sleep(30))   # a rendezvous that would wait for it
+    assert time.monotonic() - started < 10
