@@ -31,6 +31,7 @@ import torch
 
 from omniwalk.engine.cuda_graphs import DecodeGraphs
 from omniwalk.engine.kv_cache import KVCacheShape, PagedKVCache
+from omniwalk.engine.tensor_parallel import tensor_parallel_group
 from omniwalk.layers.moe import warm_up_moe_kernels
 from omniwalk.models.loader import init_random_weights, load_checkpoint_weights, read_hf_config
 from omniwalk.tokenizer import NoTokenizer, has_tokenizer_files, load_tokenizer
@@ -232,8 +233,10 @@ def load_model(args: EngineArgs) -> LoadedModel:
     if ctx.device.type == "cuda" and args.startup_warmup is not False:
         warm_up_moe_kernels(ctx.module, args.max_num_batched_tokens)
     served = spec.serve(ctx)
-    logger.info("loaded %s (%s, %s on %s%s); KV cache: %d tokens in %d pages of %d%s",
+    tp = tensor_parallel_group()
+    logger.info("loaded %s (%s, %s on %s%s%s); KV cache: %d tokens in %d pages of %d%s",
                 args.model, family.name, ctx.dtype, ctx.device, ", random weights" if ctx.random_weights else "",
+                f", tensor parallel rank {tp.rank} of {tp.size}, KV heads here: {num_kv_heads}" if tp.size > 1 else "",
                 shape.capacity_tokens, shape.num_pages, shape.page_size,
                 ", prefix caching" if ctx.cache.enable_prefix_caching else "")
     return loaded_model(ctx, ctx.max_model_len, shape.capacity_tokens, served)

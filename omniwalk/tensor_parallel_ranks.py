@@ -253,8 +253,9 @@ def rank_main(fd: int) -> int:
     sock.set_inheritable(False)
     channel = Channel(sock)
     sys.path[:], level = channel.recv()
-    configure_logging(level, ENGINE_LOG_FORMAT)
     rank_setup: RankSetup = channel.recv()
+    # its lines say which rank wrote them ("... INFO rank 1 omniwalk.loading: ...")
+    configure_logging(level, ENGINE_LOG_FORMAT.replace(" engine ", f" rank {rank_setup.rank} "))
     args = rank_setup.setup.args
 
     from omniwalk.engine.tensor_parallel import init_tensor_parallel

@@ -67,6 +67,13 @@ def test_two_ranks_give_the_ids_of_one(model, monkeypatch):
         rank_pids = engine.rank_pids
         assert len(rank_pids) == 1 and alive(rank_pids[0])
         got = generate(engine)
+        # an abort mid-way reaches every rank between the same two steps (else the output
+        # check or a collective fails the loop), and the ranks go on in step
+        stream = engine.stream("A request aborted mid-way", max_tokens=500, ignore_eos=True)
+        next(iter(stream))
+        stream.abort()
+        assert stream.result().finish_reason == "abort"
+        assert [ids for ids, *_ in generate(engine)] == [ids for ids, *_ in got]
         assert engine.stats.num_running == 0
     for (ids, reason, usage, logprobs), (ids1, reason1, usage1, logprobs1) in zip(got, expected):
         assert (ids, reason, usage) == (ids1, reason1, usage1)
