@@ -146,3 +146,12 @@ def test_a_rank_that_dies_before_joining_fails_the_start_at_once():
     with pytest.raises(RuntimeError, match=r"tensor-parallel rank 1 \(pid \d+\) exited with status 3 before it joined"):
         ranks._join(lambda: time.sleep(30))   # a rendezvous that would wait for it
     assert time.monotonic() - started < 10
+
+
+def test_the_flag_is_vllms():
+    from omniwalk.cli import _engine_args, build_parser
+
+    for flags in (["-tp", "2"], ["--tensor-parallel-size", "2"]):
+        args = _engine_args(build_parser().parse_args(["serve", *flags]))
+        assert (args.tensor_parallel_size, args.engine_process) == (2, True)
+    assert _engine_args(build_parser().parse_args(["serve"])).tensor_parallel_size == 1
