@@ -189,6 +189,11 @@ class Engine:
         """The engine process's id (None: the loop runs on a thread of this process)."""
         return self._core.process.pid if isinstance(self._core, EngineProcess) else None
 
+    @property
+    def rank_pids(self) -> tuple[int, ...]:
+        """Tensor parallel: the processes of ranks 1..N-1 (the engine process is rank 0)."""
+        return self._core.info.rank_pids if isinstance(self._core, EngineProcess) else ()
+
     # ------------------------------------------------------------ submitting
 
     def submit(self, request: Any, request_id: str | None = None,

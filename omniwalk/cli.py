@@ -74,6 +74,10 @@ def _add_engine_flags(parser: argparse.ArgumentParser, seed: bool = True, engine
     group.add_argument("--page-size", type=int, default=_DEFAULTS.page_size, help="tokens per KV cache page")
     group.add_argument("--gpu-memory-utilization", type=float, default=_DEFAULTS.gpu_memory_utilization,
                        help="CUDA: the fraction of the GPU's memory the engine may use (weights, KV cache, graphs)")
+    group.add_argument("--tensor-parallel-size", "-tp", type=int, default=_DEFAULTS.tensor_parallel_size,
+                       help="split the model over this many devices, one process each (vLLM's flag; Qwen3 and "
+                            "Llama; needs --engine-process, the engine process is rank 0; on CPU: gloo) "
+                            "(default: %(default)s)")
     group.add_argument("--enforce-eager", action="store_true", help="CUDA: decode without CUDA graphs")
     group.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                        default=_DEFAULTS.enable_prefix_caching,

@@ -22,7 +22,7 @@ import logging
 import queue
 import threading
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from omniwalk.messages import (
     Abort, AddRequest, EngineCommand, EngineOutput, Inspect, InspectResult, LoopFailed, LoopStats, Shutdown,
@@ -48,6 +48,21 @@ class Inbox:
         self.wakeup.set()
 
 
+class StepMirror(Protocol):
+    """Who else steps with this loop: a tensor-parallel rank 0's other ranks
+    (omniwalk/tensor_parallel_ranks.py), which apply the same commands and step too.
+    Raising from either method ends the loop (`LoopFailed`)."""
+
+    def before_step(self, commands: list[EngineCommand]) -> None:
+        """The runtime commands (adds, aborts) applied since the last step, in order."""
+
+    def after_step(self, outputs: list[RequestOutput]) -> None:
+        """The step's outputs (a check that the other ranks produced the same)."""
+
+    def failure_status(self) -> str:
+        """After the loop failed: what became of the other ranks (for the error message)."""
+
+
 class EngineLoop:
     """Runs `runtime` on the calling thread of `run()` until a `Shutdown` command."""
 
@@ -56,9 +71,11 @@ class EngineLoop:
     IDLE_WAIT_S = 0.5         # an idle loop wakes this often to send its heartbeat
 
     def __init__(self, runtime: Runtime, send: Callable[[EngineOutput], None], burst_window_ms: float,
-                 inbox: Inbox | None = None):
+                 inbox: Inbox | None = None, mirror: "StepMirror | None" = None):
         self.runtime = runtime
         self.send = send
+        self.mirror = mirror
+        self._applied: list[EngineCommand] = []   # since the last step, for the mirror
         self.burst_window_s = burst_window_ms / 1000
         self.inbox = inbox or Inbox()
         self.stopping = False
@@ -104,7 +121,12 @@ class EngineLoop:
                         self.inbox.wakeup.clear()
                         self._gather_burst()
                     continue
+                if self.mirror is not None:
+                    applied, self._applied = self._applied, []
+                    self.mirror.before_step(applied)
                 outputs = self.runtime.step()
+                if self.mirror is not None:
+                    self.mirror.after_step(outputs)
                 self._steps += 1
                 stepped_since_collection = True
                 if outputs:
@@ -115,7 +137,8 @@ class EngineLoop:
         except BaseException as exc:   # keep the process up; /health reports it
             logger.exception("engine loop died")
             self.error = exc
-            self.send(LoopFailed(f"engine loop died: {exc!r}"))
+            ranks = f" ({self.mirror.failure_status()})" if self.mirror is not None else ""
+            self.send(LoopFailed(f"engine loop died: {exc!r}{ranks}"))
 
     def stats(self, now: float) -> LoopStats:
         runtime = self.runtime
@@ -157,17 +180,23 @@ class EngineLoop:
                 command = commands.get_nowait()
             except queue.Empty:
                 return
-            if isinstance(command, AddRequest):
-                self._add(command.request)
-            elif isinstance(command, Abort):
-                # the runtime's final record comes out of the next step
-                if not self.runtime.abort(command.request_id):
-                    self.send(StepOutputs([RequestOutput(command.request_id, finished=True,
-                                                         finish_reason=FinishReason.ABORT)]))
-            elif isinstance(command, Inspect):
-                self.send(self._inspect(command))
-            elif isinstance(command, Shutdown):
-                self.stopping = True
+            if isinstance(command, (AddRequest, Abort)) and self.mirror is not None:
+                self._applied.append(command)
+            self.apply(command)
+
+    def apply(self, command: EngineCommand) -> None:
+        """One command, now (between two steps)."""
+        if isinstance(command, AddRequest):
+            self._add(command.request)
+        elif isinstance(command, Abort):
+            # the runtime's final record comes out of the next step
+            if not self.runtime.abort(command.request_id):
+                self.send(StepOutputs([RequestOutput(command.request_id, finished=True,
+                                                     finish_reason=FinishReason.ABORT)]))
+        elif isinstance(command, Inspect):
+            self.send(self._inspect(command))
+        elif isinstance(command, Shutdown):
+            self.stopping = True
 
     def _add(self, request: Request) -> None:
         try:
@@ -184,7 +213,7 @@ class EngineLoop:
 
 
 def start_loop(args: "EngineArgs", loaded: "LoadedModel", send: Callable[[EngineOutput], None],
-               inbox: Inbox | None = None) -> EngineLoop:
+               inbox: Inbox | None = None, mirror: "StepMirror | None" = None) -> EngineLoop:
     """A runtime over `loaded.served` and its loop, warmed up when `args` asks for it (on CUDA
     by default): the family's warm-up requests compile now what the first real requests
     would (Triton variants of an eager prefill and of eager sampling: ~1 s on an H200)."""
@@ -194,7 +223,7 @@ def start_loop(args: "EngineArgs", loaded: "LoadedModel", send: Callable[[Engine
     # from the loop would reach the caller as an error chunk instead of a 429.
     runtime = Runtime(loaded.served, SchedulerConfig(args.max_num_seqs, args.max_num_batched_tokens,
                                                      args.max_queue + args.max_num_seqs))
-    loop = EngineLoop(runtime, send, args.burst_window_ms, inbox)
+    loop = EngineLoop(runtime, send, args.burst_window_ms, inbox, mirror)
     if args.startup_warmup if args.startup_warmup is not None else loaded.device.type == "cuda":
         requests = loaded.warmup_requests()
         if requests:

@@ -15,6 +15,10 @@ file means the API process is gone (exited, killed, even SIGKILL), and the engin
 exits too, so none outlives its server. It ignores SIGINT (a Ctrl-C reaches the whole
 process group; the API process shuts it down in order). The API process learns of the
 engine's death the same way: end of file, then the exit status.
+
+With `tensor_parallel_size` N > 1 the engine process is rank 0 of a tensor-parallel group:
+it starts ranks 1..N-1 before loading, and each of its steps is mirrored by them
+(omniwalk/tensor_parallel_ranks.py); they exit when it does.
 """
 
 from __future__ import annotations
@@ -176,17 +180,36 @@ def main(fd: int) -> int:
     inbox = Inbox()
     threading.Thread(target=_read_commands, args=(channel, inbox), name="omniwalk-engine-input", daemon=True).start()
     outbox: queue.SimpleQueue[EngineOutput | None] = queue.SimpleQueue()
+    ranks = None
     try:
         _register_families(setup.families)
-        loaded, loop = _load(setup.args, outbox.put, inbox)
+        if setup.args.tensor_parallel_size > 1:   # this process is rank 0 (omniwalk/tensor_parallel_ranks.py)
+            from omniwalk.tensor_parallel_ranks import Ranks
+
+            ranks = Ranks.start(setup, level)
+        loaded, loop = _load(setup.args, outbox.put, inbox, ranks)
     except BaseException as exc:
         logger.exception("could not load %s", setup.args.model)
         _send_quietly(channel, StartFailed(f"{type(exc).__name__}: {exc}"))
+        if ranks is not None:
+            ranks.stop()
         return 1
+    try:
+        return _serve(channel, setup, loaded, loop, inbox, outbox, ranks)
+    finally:
+        if ranks is not None:   # end of file on their sockets: the other ranks exit
+            ranks.stop()
+
+
+def _serve(channel: Channel, setup: EngineSetup, loaded, loop, inbox, outbox: queue.SimpleQueue, ranks) -> int:
+    """Ready, then the loop until it stops; the exit status."""
+    from omniwalk.engine_loop import quiet_gc
+
     cache = getattr(loaded.served, "cache", None)
     pages = cache.shape.num_pages if cache is not None else 0
     channel.send(EngineReady(ModelInfo(loaded.max_model_len, loaded.kv_capacity_tokens, pages, setup.args.page_size,
-                                       str(loaded.device), str(loaded.dtype).removeprefix("torch."), os.getpid())))
+                                       str(loaded.device), str(loaded.dtype).removeprefix("torch."), os.getpid(),
+                                       ranks.pids if ranks is not None else ())))
     quiet_gc()
     writer = threading.Thread(target=_write_outputs, args=(channel, outbox, inbox), name="omniwalk-engine-output",
                               daemon=True)
@@ -203,12 +226,15 @@ def main(fd: int) -> int:
     return 1 if loop.error is not None else 0
 
 
-def _load(args, send, inbox):
+def _load(args, send, inbox, ranks=None):
     from omniwalk.engine_loop import start_loop
     from omniwalk.loading import load_model
 
     loaded = load_model(args)
-    return loaded, start_loop(args, loaded, send, inbox)
+    if ranks is None:
+        return loaded, start_loop(args, loaded, send, inbox)
+    ranks.wait_ready()   # then all warm up together, step for step
+    return loaded, start_loop(args, loaded, send, inbox, mirror=ranks)
 
 
 def _register_families(families: tuple[tuple[str, str], ...]) -> None:

@@ -31,6 +31,7 @@ import torch
 
 from omniwalk.engine.cuda_graphs import DecodeGraphs
 from omniwalk.engine.kv_cache import KVCacheShape, PagedKVCache
+from omniwalk.engine.tensor_parallel import tensor_parallel_group
 from omniwalk.layers.moe import warm_up_moe_kernels
 from omniwalk.models.loader import init_random_weights, load_checkpoint_weights, read_hf_config
 from omniwalk.tokenizer import NoTokenizer, has_tokenizer_files, load_tokenizer
@@ -70,6 +71,8 @@ class EngineArgs:
     startup_warmup: bool | None = None  # run the model's warm-up requests at start; None: on CUDA
     engine_process: bool = False        # the engine loop (model, device) in a process of its own;
                                         # `omniwalk serve` turns it on (--no-engine-process: a thread)
+    tensor_parallel_size: int = 1       # ranks (processes, one device each) that split the model;
+                                        # > 1: the engine process is rank 0 (omniwalk/tensor_parallel_ranks.py)
 
     def __post_init__(self):
         if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
@@ -85,6 +88,13 @@ class EngineArgs:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
         if not 0 <= self.burst_window_ms <= 100:
             raise ValueError(f"burst_window_ms must be in [0, 100], got {self.burst_window_ms}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        if self.tensor_parallel_size > 1 and not self.engine_process:
+            raise ValueError("tensor_parallel_size > 1 needs the engine process (engine_process=True; not "
+                             "--no-engine-process): it is rank 0 and starts the other ranks")
+        if self.tensor_parallel_size > 1 and self.quantization is not None:
+            raise ValueError("--quantization is not supported with tensor_parallel_size > 1 yet")
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS[1:])} or None, "
                              f"got {self.quantization!r}")
@@ -177,10 +187,26 @@ def read_model(args: EngineArgs) -> LoadContext:
     if args.quantization is not None and args.quantization not in family.quantizations:
         raise ValueError(f"--quantization {args.quantization} is not supported for {family.name} models "
                          f"(supported: {', '.join(family.quantizations) or 'none'})")
+    if args.tensor_parallel_size > 1:
+        if family.tensor_parallel is None:
+            raise ValueError(f"--tensor-parallel-size {args.tensor_parallel_size}: {family.name} models run on "
+                             f"one device only (tensor parallel: {', '.join(tensor_parallel_families()) or 'none'})")
     device = resolve_device(args.device)
     ctx = LoadContext(args, family, folder, device, resolve_dtype(args.dtype, device))
     (family.loader.read_source or read_model_source)(ctx)
+    if args.tensor_parallel_size > 1:
+        try:
+            family.tensor_parallel(ctx.config, args.tensor_parallel_size)
+        except ValueError as exc:
+            raise ValueError(f"{args.model}: {exc}") from None
     return ctx
+
+
+def tensor_parallel_families() -> list[str]:
+    """The registered families that split over several devices."""
+    from omniwalk.models.registry import FAMILIES
+
+    return sorted(name for name, family in FAMILIES.items() if family.tensor_parallel is not None)
 
 
 def load_model(args: EngineArgs) -> LoadedModel:
@@ -207,8 +233,10 @@ def load_model(args: EngineArgs) -> LoadedModel:
     if ctx.device.type == "cuda" and args.startup_warmup is not False:
         warm_up_moe_kernels(ctx.module, args.max_num_batched_tokens)
     served = spec.serve(ctx)
-    logger.info("loaded %s (%s, %s on %s%s); KV cache: %d tokens in %d pages of %d%s",
+    tp = tensor_parallel_group()
+    logger.info("loaded %s (%s, %s on %s%s%s); KV cache: %d tokens in %d pages of %d%s",
                 args.model, family.name, ctx.dtype, ctx.device, ", random weights" if ctx.random_weights else "",
+                f", tensor parallel rank {tp.rank} of {tp.size}, KV heads here: {num_kv_heads}" if tp.size > 1 else "",
                 shape.capacity_tokens, shape.num_pages, shape.page_size,
                 ", prefix caching" if ctx.cache.enable_prefix_caching else "")
     return loaded_model(ctx, ctx.max_model_len, shape.capacity_tokens, served)
@@ -313,7 +341,8 @@ def context_length(args: EngineArgs, config) -> int:
 
 
 def uses_decode_graphs(args: EngineArgs, device: torch.device) -> bool:
-    return device.type == "cuda" and not args.enforce_eager
+    # tensor parallel: no graphs yet (collectives inside a captured graph are untested)
+    return device.type == "cuda" and not args.enforce_eager and args.tensor_parallel_size == 1
 
 
 def capture_decode_graphs(args: EngineArgs, lm, cache: PagedKVCache, max_model_len: int,

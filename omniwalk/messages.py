@@ -158,6 +158,7 @@ class ModelInfo:
     device: str
     dtype: str                                  # "bfloat16", "float32", ...
     pid: int                                    # the engine process
+    rank_pids: tuple[int, ...] = ()             # tensor parallel: the processes of ranks 1..N-1
 
 
 @dataclass(frozen=True)

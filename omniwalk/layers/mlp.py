@@ -6,7 +6,8 @@ import torch
 from torch import nn
 
 from omniwalk.kernels.silu_mul import silu_and_mul
-from omniwalk.layers.linear import Linear
+from omniwalk.engine.tensor_parallel import tensor_parallel_group
+from omniwalk.layers.parallel import ColumnParallelLinear, RowParallelLinear
 
 
 class GatedMLP(nn.Module):
@@ -15,10 +16,11 @@ class GatedMLP(nn.Module):
 
     def __init__(self, hidden_size: int, intermediate_size: int):
         super().__init__()
-        # gate and up in one projection (loaded from gate_proj/up_proj)
-        self.intermediate_size = intermediate_size
-        self.gate_up_proj = Linear(hidden_size, 2 * intermediate_size, bias=False)
-        self.down_proj = Linear(intermediate_size, hidden_size, bias=False)
+        # gate and up in one projection (loaded from gate_proj/up_proj); under tensor
+        # parallelism each rank holds matching gate and up rows, and down_proj sums the ranks'
+        self.intermediate_size = intermediate_size // tensor_parallel_group().size   # this rank's rows
+        self.gate_up_proj = ColumnParallelLinear(hidden_size, (intermediate_size, intermediate_size), bias=False)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=False)
         self.packed_projections = {
             "gate_proj": ("gate_up_proj", 0, intermediate_size),
             "up_proj": ("gate_up_proj", intermediate_size, 2 * intermediate_size),

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
+from omniwalk.engine.tensor_parallel import tensor_parallel_group
 from omniwalk.layers.config import DecoderConfig
 
 if TYPE_CHECKING:
@@ -22,8 +23,9 @@ if TYPE_CHECKING:
 
 
 def decoder_kv_layout(config: DecoderConfig) -> tuple[int, int, int]:
-    """(layers, KV heads, head dim) of a decoder whose every layer attends."""
-    return config.num_layers, config.num_kv_heads, config.head_dim
+    """(layers, KV heads, head dim) of a decoder whose every layer attends: this rank's KV
+    heads under tensor parallelism (each rank caches only the heads it computes)."""
+    return config.num_layers, config.num_kv_heads // tensor_parallel_group().size, config.head_dim
 
 
 @dataclass(frozen=True)
@@ -77,3 +79,6 @@ class ModelFamily:
     detect: Callable[[dict], bool] | None = None
     #: EngineArgs.quantization values its loading applies (`loading.quantize_backbone`)
     quantizations: tuple[str, ...] = ()
+    #: (config, tensor parallel size) -> None, or ValueError when the model cannot be split
+    #: that way; None: the family runs on one device only (tensor_parallel_size 1)
+    tensor_parallel: Callable[[Any, int], None] | None = None

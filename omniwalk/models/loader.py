@@ -1,14 +1,19 @@
 """Filling a model's parameters: from a local Hugging Face checkpoint, or at random.
 
 Checkpoint tensors are matched to parameters by name (our modules use the HF names). A
-parameter may carry a `weight_loader(param, tensor)` attribute to load itself differently
-(a tensor-parallel shard); otherwise the tensor is copied in, cast to the parameter's
-dtype and device.
+parameter may carry a `weight_loader(param, tensor, rows=None)` attribute to load itself
+differently (a tensor-parallel shard: omniwalk.layers.parallel); otherwise the tensor is
+copied in, cast to the parameter's dtype and device.
 
 A module that fuses several projections into one (q/k/v into `qkv_proj`, gate/up into
 `gate_up_proj`) declares `packed_projections = {"q_proj": ("qkv_proj", start, end), ...}`:
 the checkpoint's `...q_proj.weight` (and `.bias`) then fills rows [start, end) of
-`...qkv_proj.weight`.
+`...qkv_proj.weight`. Start and end are rows of the unsharded packed tensor: a packed
+parameter with a `weight_loader` gets `rows=(start, end)` and keeps its rank's slice of
+that part (each of q, k and v split by heads on its own).
+
+Random weights (`init_random_weights`) are drawn at a sharded parameter's `full_shape`
+and cut by its `shard_of_full`: every tensor-parallel size serves the same model.
 
 A module that stacks the weights of E experts (Mixture-of-Experts) declares
 `expert_projections = {"gate_proj": ("gate_up_proj", start, end), ...}`: the checkpoint's
@@ -77,7 +82,7 @@ def load_checkpoint_weights(
                 packed = _packed_destination(modules, name)
                 if packed is not None:
                     target, start, end = packed
-                    _load_rows(name, params[target], start, end, f.get_tensor(stored_name))
+                    _load_packed(name, params[target], start, end, f.get_tensor(stored_name))
                     shards_loaded.add(name)
                     continue
                 if name not in params:
@@ -173,6 +178,17 @@ def _load_expert_rows(name: str, param: nn.Parameter, index: int, start: int, en
     expert[start:end].copy_(tensor.to(param.dtype))
 
 
+def _load_packed(name: str, param: nn.Parameter, start: int, end: int, tensor: torch.Tensor) -> None:
+    weight_loader = getattr(param, "weight_loader", None)
+    if weight_loader is None:
+        _load_rows(name, param, start, end, tensor)
+        return
+    try:
+        weight_loader(param, tensor, rows=(start, end))
+    except ValueError as exc:
+        raise ValueError(f"{name}: {exc}") from None
+
+
 @torch.no_grad()
 def _load_rows(name: str, param: nn.Parameter, start: int, end: int, tensor: torch.Tensor) -> None:
     if tensor.shape[0] != end - start or tensor.shape[1:] != param.shape[1:]:
@@ -194,7 +210,10 @@ def _is_skipped(model: nn.Module, name: str) -> bool:
 def _load_one(name: str, param: nn.Parameter, tensor: torch.Tensor) -> None:
     weight_loader = getattr(param, "weight_loader", None)
     if weight_loader is not None:
-        weight_loader(param, tensor)
+        try:
+            weight_loader(param, tensor)
+        except ValueError as exc:
+            raise ValueError(f"{name}: {exc}") from None
         return
     if tensor.shape != param.shape:
         raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != parameter shape {tuple(param.shape)}")
@@ -221,8 +240,12 @@ def init_random_weights(model: nn.Module, seed: int, on_device: bool = False) ->
         elif name.endswith(".bias"):
             param.zero_()
         else:
-            values = torch.empty(param.shape, dtype=torch.float32, device=device)
-            param.copy_(values.normal_(0.0, 0.02, generator=generator))
+            # a tensor-parallel shard draws the whole tensor and keeps its slice: the same
+            # weights at every tensor-parallel size (and the generator advances alike)
+            values = torch.empty(getattr(param, "full_shape", param.shape), dtype=torch.float32, device=device)
+            values.normal_(0.0, 0.02, generator=generator)
+            shard_of_full = getattr(param, "shard_of_full", None)
+            param.copy_(values if shard_of_full is None else shard_of_full(values))
 
 
 def _is_norm(module: nn.Module) -> bool:

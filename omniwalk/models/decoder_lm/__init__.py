@@ -12,6 +12,7 @@ from omniwalk.models.decoder_lm.config import (
 )
 from omniwalk.models.decoder_lm.model import TextGenerationModel, text_frontends, text_warmup
 from omniwalk.models.decoder_lm.modeling import CausalLM
+from omniwalk.layers.parallel import check_decoder_split
 from omniwalk.models.family import LoaderSpec, ModelFamily
 
 
@@ -23,8 +24,10 @@ def serve_text_model(ctx) -> TextGenerationModel:
 DECODER_LOADER = LoaderSpec(build=CausalLM, serve=serve_text_model)
 
 QWEN3 = ModelFamily("qwen3", ("qwen3",), qwen3_config_from_hf, qwen3_tiny_config, DECODER_LOADER,
-                    frontends=text_frontends, warmup=text_warmup, quantizations=("fp8",))
+                    frontends=text_frontends, warmup=text_warmup, quantizations=("fp8",),
+                    tensor_parallel=check_decoder_split)
 LLAMA = ModelFamily("llama", ("llama",), llama_config_from_hf, llama_tiny_config, DECODER_LOADER,
-                    frontends=text_frontends, warmup=text_warmup, quantizations=("fp8",))
+                    frontends=text_frontends, warmup=text_warmup, quantizations=("fp8",),
+                    tensor_parallel=check_decoder_split)
 
 __all__ = ["CausalLM", "LLAMA", "QWEN3", "TextGenerationModel"]

@@ -16,11 +16,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from omniwalk.engine.attention import PagedAttention
+from omniwalk.engine.tensor_parallel import tensor_parallel_group
 from omniwalk.kernels.norm_rotary import QKRotary
 from omniwalk.layers.config import DecoderConfig
-from omniwalk.layers.linear import Linear
 from omniwalk.layers.mlp import GatedMLP
 from omniwalk.layers.norm import RMSNorm
+from omniwalk.layers.parallel import ColumnParallelLinear, ParallelLMHead, RowParallelLinear, VocabParallelEmbedding
 from omniwalk.layers.rotary import RotaryEmbedding
 
 
@@ -30,20 +31,25 @@ class DecoderAttention(nn.Module):
     def __init__(self, config: DecoderConfig, layer_index: int):
         super().__init__()
         self.layer_index = layer_index  # which KV-cache layer this module writes
-        self.num_heads = config.num_heads
-        self.num_kv_heads = config.num_kv_heads
+        # this rank's heads (all of them on one device): tensor parallelism splits by heads,
+        # so attention itself needs no collective; o_proj sums the ranks' parts
+        tp_size = tensor_parallel_group().size
+        self.num_heads = config.num_heads // tp_size
+        self.num_kv_heads = config.num_kv_heads // tp_size
         self.head_dim = config.head_dim
         self.scale = config.head_dim ** -0.5
         bias = config.attention_bias
         # q, k and v in one projection: one GEMM instead of three (loaded from q_proj/k_proj/v_proj)
-        self.q_size, self.kv_size = config.q_size, config.kv_size
-        self.qkv_proj = Linear(config.hidden_size, config.q_size + 2 * config.kv_size, bias=bias)
+        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.qkv_proj = ColumnParallelLinear(config.hidden_size, (config.q_size, config.kv_size, config.kv_size),
+                                             bias=bias)
+        # in the checkpoint's (unsharded) rows; a sharded qkv_proj keeps each part's slice
         self.packed_projections = {
             "q_proj": ("qkv_proj", 0, config.q_size),
             "k_proj": ("qkv_proj", config.q_size, config.q_size + config.kv_size),
             "v_proj": ("qkv_proj", config.q_size + config.kv_size, config.q_size + 2 * config.kv_size),
         }
-        self.o_proj = Linear(config.q_size, config.hidden_size, bias=bias)
+        self.o_proj = RowParallelLinear(config.q_size, config.hidden_size, bias=bias)
         if config.qk_norm:
             self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
@@ -102,7 +108,7 @@ class DecoderModel(nn.Module):
 
     def __init__(self, config: DecoderConfig):
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config.rotary_dim, config.rope_theta, config.rope_scaling)
@@ -125,7 +131,7 @@ class CausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = DecoderModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = ParallelLMHead(config.hidden_size, config.vocab_size)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         # The ids `compute_logits` scores: column j is id logit_ids.start + j. A model that
@@ -143,4 +149,6 @@ class CausalLM(nn.Module):
         ids = self.logit_ids
         if len(ids) == self.config.vocab_size:
             return self.lm_head(hidden).float()
+        if tensor_parallel_group().size > 1:   # the head's rows are split by vocabulary: not narrowed yet
+            raise NotImplementedError("narrowed logit ids under tensor parallelism")
         return F.linear(hidden, self.lm_head.weight[ids.start : ids.stop]).float()
