@@ -68,8 +68,8 @@ KERNELS = [
      {"HEAD_DIM": 64, "BLOCK_D": 64, "BLOCK_N": block_n, "SPLITS": splits}) for splits, block_n in ((1, 64), (16, 32))
 ] + [
     ("snake", snac._snake_kernel,
-     {"x_ptr": "*fp32", "alpha_ptr": "*fp32", "out_ptr": "*fp32", "channels": "i32", "length": "i32",
-      "BLOCK": "constexpr"}, {"BLOCK": 1024}),
+     {"x_ptr": "*fp32", "alpha_ptr": "*fp32", "beta_ptr": "*fp32", "out_ptr": "*fp32", "channels": "i32",
+      "length": "i32", "stride_row": "i32", "BLOCK": "constexpr"}, {"BLOCK": 1024}),
 ] + [
     (f"depthwise conv{' + snake' * with_snake}", snac._depthwise_conv_kernel,
      {"x_ptr": "*fp32", "weight_ptr": "*fp32", "bias_ptr": "*fp32", "alpha_ptr": "*fp32", "out_ptr": "*fp32",
@@ -126,7 +126,7 @@ KERNELS += [
      {"ids_ptr": "*i32", "sorted_pairs_ptr": "*i32", "block_experts_ptr": "*i32", "starts_ptr": "*i32",
       "num_pairs": "i32", "num_experts": "i32", "num_blocks": "i32", "BLOCK_M": "constexpr", "BLOCK_P": "constexpr",
       "BLOCK_E": "constexpr", "BLOCK_FILL": "constexpr"},
-     {"BLOCK_M": 16, "BLOCK_P": 256, "BLOCK_E": 256, "BLOCK_FILL": 4096}),
+     {"BLOCK_M": 16, "BLOCK_P": 256, "BLOCK_E": 256, "BLOCK_FILL": 1024}),
 ] + [
     (f"gemv{' (weights preloaded)' * preload}", gemv._gemv_kernel,
      {"x_ptr": "*bf16", "w_ptr": "*bf16", "bias_ptr": "*bf16", "out_ptr": "*bf16", "rows": "i32", "N": "i32",
