@@ -259,9 +259,10 @@ def served_model_name(base_url: str, timeout_s: float = 30.0) -> str:
         raise ValueError(f"could not read the served model from {url} ({exc}); give --model") from None
 
 
-async def sse_events(response: httpx.Response, record):
+async def sse_events(response: httpx.Response, record, parse=json.loads):
     """(arrival time, event) of each SSE `data:` event up to `[DONE]`, each timed when its line
-    is read; a malformed event or an error event fails the record and ends the stream."""
+    is read and decoded by `parse`; a malformed event or an error event fails the record and
+    ends the stream."""
     async for line in response.aiter_lines():
         if not line.startswith("data:"):
             continue
@@ -270,7 +271,7 @@ async def sse_events(response: httpx.Response, record):
         if data == "[DONE]":
             return
         try:
-            event = json.loads(data)
+            event = parse(data)
         except json.JSONDecodeError:
             record.fail(f"malformed event: {data[:200]}")
             return

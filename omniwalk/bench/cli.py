@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import shlex
 import sys
 import time
@@ -208,6 +209,14 @@ def backend_factory(args: argparse.Namespace):
 
 
 async def _phases(make_backend, warmup, measured, gaps, concurrency, label, show_progress):
+    # The client's garbage collector as the engine's (`quiet_gc`): what exists now (torch,
+    # the tokenizer, the workload) frozen, the young generation collected less often. The
+    # in-process runs had it from their Engine; the HTTP client had not, and a full
+    # collection over ~280,000 objects paused it for 0.2-0.6 s at the start of a run, with
+    # 3-10 ms young collections throughout (tiny-qwen3-omni --speak, c = 32, 2-core host).
+    from omniwalk.engine_loop import quiet_gc
+
+    thresholds = quiet_gc()
     backend = make_backend()
     try:
         warm = None
@@ -218,6 +227,8 @@ async def _phases(make_backend, warmup, measured, gaps, concurrency, label, show
                                  Progress(label, len(measured), show_progress))
     finally:
         await backend.aclose()
+        gc.unfreeze()   # an in-process Engine's shutdown unfreezes what it froze anyway
+        gc.set_threshold(*thresholds)
     return warm, result
 
 

@@ -162,3 +162,29 @@ def test_transport_errors_are_recorded():
 
     record = asyncio.run(go())
     assert record.error.startswith("ConnectError") and record.end_time is not None
+
+
+def test_the_client_runs_with_the_engines_quiet_collector_and_restores_it():
+    """The load generator freezes what exists before a run and collects young objects rarely
+    (as the engine does), so a full collection does not pause it mid-run; it restores both after."""
+    import asyncio
+    import gc
+
+    from omniwalk.bench.backends import RequestRecord
+    from omniwalk.bench.cli import _phases
+    from omniwalk.engine_loop import GC_YOUNG_THRESHOLD
+
+    seen = []
+
+    class Backend:
+        async def send(self, request):
+            seen.append((gc.get_freeze_count(), gc.get_threshold()[0]))
+            return RequestRecord(request, 1, 1, 0.0)
+
+        async def aclose(self):
+            pass
+
+    before = gc.get_threshold()
+    asyncio.run(_phases(Backend, [1], [2, 3], [0.0, 0.0], 2, "test", False))
+    assert len(seen) == 3 and all(frozen > 0 and young >= GC_YOUNG_THRESHOLD for frozen, young in seen)
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0

@@ -115,6 +115,24 @@ def test_http_payload_asks_for_streamed_pcm16_with_usage():
     assert body["messages"] == [{"role": "user", "content": request.content}]
 
 
+@pytest.mark.parametrize("size", [0, 1, 2, 3, 4, 3072, 61440])
+def test_audio_data_is_measured_not_decoded(size):
+    """The client counts an audio delta's bytes from its base64 without decoding it; the rest
+    of the event is as json.loads gives it, and anything unusual is decoded in full."""
+    from omniwalk.bench.speak_backends import _AUDIO_SIZE, parse_event
+
+    data = base64.b64encode(bytes(size)).decode()
+    event = {"id": "x", "choices": [{"index": 0, "delta": {"audio": {
+        "id": "a", "transcript": 'say "data": "AA=="', "data": data, "expires_at": 1}}, "token_ids": []}]}
+    parsed = parse_event(json.dumps(event))
+    assert parsed.pop(_AUDIO_SIZE) == size
+    event["choices"][0]["delta"]["audio"]["data"] = ""
+    assert parsed == event
+    compact = json.dumps({"a": {"data": data}, "b": {"data": "AA=="}}, separators=(",", ":"))
+    assert parse_event(compact) == json.loads(compact)                       # two "data" keys
+    assert parse_event('{"data": "AA\\/A"}') == {"data": "AA/A"}               # an escape
+
+
 def test_workload_renders_the_chat_and_draws_frames_apart_from_prompts():
     requests = workload(6, "4", "3", "10:20", seed=9)
     tokenizer = resolve_tokenizer(MODEL)

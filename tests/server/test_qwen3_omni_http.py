@@ -125,7 +125,7 @@ def spoken(client, frames: int, stream: bool = False, **audio):
                                                                   "max_frames": frames}})
 
 
-@pytest.mark.parametrize("frames", [1, 4])
+@pytest.mark.parametrize("frames", [1, 4, 40])   # 40: a short first chunk, then 16-frame ones
 def test_spoken_answer_streamed_equals_not(client, frames):
     whole = spoken(client, frames)
     audio = whole.choices[0].message.audio
@@ -143,6 +143,24 @@ def test_spoken_answer_streamed_equals_not(client, frames):
                 pcm += base64.b64decode(delta.data or "")
                 transcript += delta.transcript or ""
     assert pcm == samples.tobytes() and transcript == audio.transcript
+
+
+@pytest.mark.parametrize("transcript", ["", 'a "data": "" b \\', "\u00fc \u2028 \x00"])
+@pytest.mark.parametrize("size", [0, 1, 2, 3, 3072, 61440])
+def test_audio_event_is_what_json_dumps_writes(transcript, size):
+    """The streamed audio delta's base64 is spliced into the event: the same bytes as
+    json.dumps of the payload with it, whatever the transcript holds."""
+    from omniwalk.server.openai_api import _sse, _sse_with_audio
+
+    pcm = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
+
+    def payload(data: str) -> dict:
+        return {"id": "chatcmpl-1", "choices": [{"index": 0, "delta": {"audio": {
+            "id": "audio_chatcmpl-1_0", "transcript": transcript, "data": data, "expires_at": 1}}, "finish_reason": None}],
+            "usage": None}
+
+    expected = _sse(payload(base64.b64encode(pcm).decode())).encode()
+    assert _sse_with_audio(payload(""), base64.b64encode(pcm)) == expected
 
 
 def test_spoken_answers_feed_the_audio_metrics(server, client):
