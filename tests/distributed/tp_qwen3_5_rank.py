@@ -5,7 +5,9 @@ process of its own, joined to the others over gloo): `python tp_qwen3_5_rank.py 
   unsharded layer computes (output after out_proj's all-reduce), over a ragged prefill
   batch (a piece longer than the 64-token chunk of the chunked delta rule, a one-token
   piece, a short one) and then a decode step; and its state slots hold this rank's heads'
-  slice of the unsharded conv and recurrent states;
+  slice of the unsharded conv and recurrent states; the same again through the CUDA
+  path's fused Triton kernels (conv decode step over the strided packed projection, the
+  recurrent kernel over pool rows), run in Triton's interpreter;
 - the whole model (gated attention, MLP, vocabulary-split embedding and LM head) gives the
   unsharded model's logits over one sequence;
 - the seeded random init, and a checkpoint in Hugging Face's layout (in_proj_qkv/_z/_b/_a
@@ -15,8 +17,11 @@ Exits 0 when all hold, else prints what differs and exits 1."""
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
+
+os.environ.setdefault("TRITON_INTERPRET", "1")   # before triton is imported: its kernels on the CPU
 
 import torch
 from safetensors.torch import save_file
@@ -54,9 +59,8 @@ def check_weights(what: str, sharded: torch.nn.Module, whole: torch.nn.Module) -
 
 
 @torch.no_grad()
-def check_gated_delta_net(config) -> None:
+def check_gated_delta_net(config, lengths: list[int], what: str = "gated delta net") -> None:
     tp = tensor_parallel_group()
-    lengths = [70, 1, 5]
     whole, whole_pool = one_device(lambda: (GatedDeltaNet(config, 0), StatePool(state_pool_shape(config, 3),
                                                                                  torch.float32, "cpu")))
     init_random_weights(whole, seed=11)
@@ -78,15 +82,15 @@ def check_gated_delta_net(config) -> None:
         expected = one_device(lambda: whole(x, StateBatch(whole_pool, [whole_pool.rows(h) for h in range(3)],
                                                           step_lengths)))
         got = sharded(x, StateBatch(pool, [pool.rows(h) for h in range(3)], step_lengths))
-        check(f"gated delta net, step {step} {step_lengths}", got, expected)
+        check(f"{what}, step {step} {step_lengths}", got, expected)
         for p in (pool, whole_pool):
             p.commit(list(range(3)))
         for h in range(3):
             row, whole_row = pool.rows(h)[0], whole_pool.rows(h)[0]
             conv = torch.cat([part[..., slice(*tp.shard(part.shape[-2])), :] for part in
                               whole_pool.conv[:, whole_row].split(parts, dim=-2)], dim=-2)
-            check(f"conv state of sequence {h} after step {step}", pool.conv[:, row], conv)
-            check(f"recurrent state of sequence {h} after step {step}", pool.recurrent[:, row],
+            check(f"{what}: conv state of sequence {h} after step {step}", pool.conv[:, row], conv)
+            check(f"{what}: recurrent state of sequence {h} after step {step}", pool.recurrent[:, row],
                   whole_pool.recurrent[:, whole_row, heads])
 
 
@@ -137,8 +141,13 @@ def check_model(config) -> None:
 def main(rank: int, size: int, port: int) -> int:
     init_tensor_parallel(rank, size, port, "cpu")
     config = tiny_config(512)
-    check_gated_delta_net(config)
+    check_gated_delta_net(config, [70, 1, 5])
     check_model(config)
+    from omniwalk.kernels import causal_conv, triton_support
+    from omniwalk.layers import gated_delta_rule
+    if triton_support.triton is not None and os.environ.get("TRITON_INTERPRET") == "1":
+        causal_conv.use_triton = gated_delta_rule.use_triton = lambda x: True
+        check_gated_delta_net(config, [10, 1, 5], "gated delta net, fused kernels")
     for failure in failures:
         print(f"rank {rank}: {failure}", file=sys.stderr)
     return 1 if failures else 0
