@@ -5,6 +5,8 @@ ranks' partial results are combined by one collective.
     RowParallelLinear       input features split (o_proj, down_proj); all-reduce of the output, bias once
     VocabParallelEmbedding  vocab rows split; masked lookup, all-reduce
     ParallelLMHead          vocab rows split; each rank's logits slice, all-gathered to the full logits
+    shard_rows              marks a per-head parameter built with this rank's rows (Qwen3.5's
+                            A_log, dt_bias, conv channels) as a shard of the full tensor
 
 Which slice is this process's comes from `omniwalk.engine.tensor_parallel` when the layer
 is built. With one rank each class is its plain torch parent (same parameters, same
@@ -94,18 +96,42 @@ class ColumnParallelLinear(Linear):
             _check_full(param, tensor)
             param.copy_(self.shard_of_full(tensor).to(param.dtype))
             return
-        # one packed part (q_proj into qkv_proj): rows [start, end) of the full packed tensor
+        # packed parts (q_proj into qkv_proj; Qwen3.5's in_proj_qkv: its q, k and v parts):
+        # rows [start, end) of the full packed tensor, one part or a run of whole parts
         start, end = rows
-        offsets = [sum(self.output_sizes[:i]) for i in range(len(self.output_sizes))]
-        if start not in offsets or end - start != self.output_sizes[offsets.index(start)]:
-            raise ValueError(f"rows [{start}, {end}) are not one packed part of {self.output_sizes}")
-        part = offsets.index(start)
+        offsets = [sum(self.output_sizes[:i]) for i in range(len(self.output_sizes) + 1)]
+        if start not in offsets[:-1] or end not in offsets or end <= start:
+            raise ValueError(f"rows [{start}, {end}) are not whole packed parts of {self.output_sizes}")
+        first, last = offsets.index(start), offsets.index(end)
         if tensor.shape[0] != end - start or tensor.shape[1:] != param.shape[1:]:
             raise ValueError(f"checkpoint shape {tuple(tensor.shape)} does not fit rows [{start}, {end}) of a "
                              f"parameter of unsharded shape {tuple(param.full_shape)}")
-        local_start = sum(self.local_sizes[:part])
-        mine = tensor[slice(*tensor_parallel_group().shard(tensor.shape[0]))]
-        param[local_start : local_start + self.local_sizes[part]].copy_(mine.to(param.dtype))
+        tp = tensor_parallel_group()
+        parts = tensor.split(self.output_sizes[first:last], dim=0)
+        local_start = sum(self.local_sizes[:first])
+        for part, local_size in zip(parts, self.local_sizes[first:last]):
+            param[local_start : local_start + local_size].copy_(part[slice(*tp.shard(part.shape[0]))].to(param.dtype))
+            local_start += local_size
+
+
+def shard_rows(param: nn.Parameter, part_sizes: Sequence[int]) -> None:
+    """Marks a parameter built with this rank's share of each of `part_sizes` along dim 0
+    (per-head vectors such as Qwen3.5's A_log, or its depthwise conv's q, k and v channels)
+    as a shard of the full tensor, for loading and the seeded random init. A no-op on one rank."""
+    tp = tensor_parallel_group()
+    if tp.size == 1:
+        return
+    part_sizes = tuple(part_sizes)
+    for size in part_sizes:
+        tp.shard(size, "rows")   # raises on an uneven split
+    if param.shape[0] != sum(part_sizes) // tp.size:
+        raise ValueError(f"a parameter of {param.shape[0]} rows is not a {tp.size}-way share of {part_sizes}")
+
+    def shard_of_full(full: torch.Tensor) -> torch.Tensor:
+        parts = full.split(part_sizes, dim=0)
+        return torch.cat([part[slice(*tensor_parallel_group().shard(part.shape[0]))] for part in parts], dim=0)
+
+    _mark_sharded(param, (sum(part_sizes), *param.shape[1:]), shard_of_full, _load_whole)
 
 
 class RowParallelLinear(Linear):

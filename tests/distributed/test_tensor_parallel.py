@@ -1,6 +1,6 @@
 """Tensor parallel on the CPU over gloo (issue 27): the sharded layers against the
 unsharded ops, two ranks through `Engine` giving the ids one device gives, no process
-left behind, and the sizes and families it refuses."""
+left behind, and the sizes and families it refuses. Qwen3.5: test_tensor_parallel_qwen3_5.py."""
 
 from __future__ import annotations
 
@@ -99,10 +99,9 @@ def test_sizes_that_do_not_split_are_refused():
 
 
 def test_families_without_tensor_parallel_are_refused():
-    with pytest.raises(ValueError, match="qwen3_5 models run on one device only"):
-        Engine(EngineArgs("tiny-qwen3_5", engine_process=True, tensor_parallel_size=2))
-    with Engine(EngineArgs("tiny-qwen3_5")) as engine:   # and still load on one
-        assert len(engine.generate([GenerationRequest(prompt="Hi", max_tokens=3, ignore_eos=True)])[0].token_ids) == 3
+    with pytest.raises(ValueError, match=r"orpheus models run on one device only \(tensor parallel: "
+                                         r"llama, qwen3, qwen3_5\)"):
+        Engine(EngineArgs("tiny-orpheus", engine_process=True, tensor_parallel_size=2))
 
 
 def test_tensor_parallel_needs_the_engine_process():

@@ -77,6 +77,23 @@ class Qwen3_5Config(DecoderConfig):
         return 2 * self.linear_key_dim + self.linear_value_dim
 
 
+def check_tensor_parallel_split(config: Qwen3_5Config, size: int) -> None:
+    """Raises ValueError naming every size `size` ranks cannot split evenly: the decoder's
+    (heads, KV heads, MLP rows, vocabulary) and the Gated DeltaNet's key and value heads
+    (a rank holds V/N value heads and the K/N key heads they read)."""
+    if size == 1:
+        return
+    sizes = {"num_heads": config.num_heads, "num_kv_heads": config.num_kv_heads,
+             "intermediate_size": config.intermediate_size, "vocab_size": config.vocab_size,
+             "linear_num_key_heads": config.linear_num_key_heads,
+             "linear_num_value_heads": config.linear_num_value_heads}
+    uneven = [f"{name} ({value})" for name, value in sizes.items() if value % size]
+    if uneven:
+        raise ValueError(f"tensor parallel size {size} does not divide {', '.join(uneven)}: each rank must "
+                         f"hold an equal share of the heads, KV heads, linear-attention key and value heads, "
+                         f"MLP rows and vocabulary")
+
+
 def text_config_dict(hf: dict[str, Any]) -> dict[str, Any]:
     """The language model's config.json keys, from either checkpoint kind."""
     if hf.get("model_type") != "qwen3_5":

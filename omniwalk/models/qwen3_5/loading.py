@@ -20,6 +20,7 @@ from omniwalk.engine.hybrid_lm_executor import HybridLMExecutor
 from omniwalk.engine.kv_cache import PagedKVCache
 from omniwalk.engine.prefill_graphs import PrefillGraphs
 from omniwalk.engine.state_pool import StatePool, StatePoolShape
+from omniwalk.engine.tensor_parallel import tensor_parallel_group
 from omniwalk.loading import uses_decode_graphs
 from omniwalk.models.decoder_lm.model import BACKBONE, TextGenerationModel, text_generation_graph
 from omniwalk.models.family import LoaderSpec
@@ -57,11 +58,14 @@ def checkpoint_name(name: str) -> str | None:
 
 
 def state_pool_shape(config: Qwen3_5Config, num_slots: int) -> StatePoolShape:
+    """This rank's state slots: under tensor parallelism a rank keeps the conv channels and
+    recurrent states of its own heads only (1/N of each)."""
+    tp_size = tensor_parallel_group().size
     return StatePoolShape(
         num_layers=len(config.linear_attention_layers),
-        conv_dim=config.linear_conv_dim,
+        conv_dim=config.linear_conv_dim // tp_size,
         conv_kernel=config.linear_conv_kernel_dim,
-        num_heads=config.linear_num_value_heads,
+        num_heads=config.linear_num_value_heads // tp_size,
         key_dim=config.linear_key_head_dim,
         value_dim=config.linear_value_head_dim,
         num_slots=num_slots,
@@ -78,6 +82,11 @@ def allocate_state_pool(ctx) -> None:
                 num_slots, ctx.slot_resource.shape.bytes_per_slot(ctx.dtype) / 2**20)
 
 
+def hybrid_kv_layout(config: Qwen3_5Config) -> tuple[int, int, int]:
+    """(full-attention layers, this rank's KV heads, head dim): only those layers attend."""
+    return len(config.full_attention_layers), config.num_kv_heads // tensor_parallel_group().size, config.head_dim
+
+
 def serve_hybrid_model(ctx) -> HybridTextGenerationModel:
     return HybridTextGenerationModel(ctx.module, ctx.cache, ctx.slot_resource, max_batch_size=ctx.args.max_num_seqs,
                                      decode_graphs=ctx.decode_graphs, prefill_graphs=ctx.prefill_graphs)
@@ -87,7 +96,7 @@ QWEN3_5_LOADER = LoaderSpec(
     build=Qwen3_5ForCausalLM,
     rename=lambda config, name: checkpoint_name(name),
     resources=allocate_state_pool,
-    kv_layout=lambda config: (len(config.full_attention_layers), config.num_kv_heads, config.head_dim),
+    kv_layout=hybrid_kv_layout,
     no_prefix_caching="a shared KV prefix would also need the recurrent state at its end",
     conv_kernel=lambda config: config.linear_conv_kernel_dim,
     serve=serve_hybrid_model,

@@ -14,6 +14,15 @@ q/k/v_proj -> qkv_proj), which the loader fills row range by row range.
 
 Norms scale by `1 + weight` (ZeroCenteredRMSNorm), except the gated output norm of the
 DeltaNet, which scales by `weight`.
+
+Tensor parallel (`omniwalk.layers.parallel`): both mixers split by heads, so neither needs a
+collective before its output projection (row-parallel, one all-reduce). Gated attention: a
+rank holds H/N query heads with their gates and KV/N KV heads. Gated DeltaNet: a rank holds
+V/N value heads and the K/N key heads they read (transformers repeats each key head for
+V/K consecutive value heads, so a contiguous block of value heads reads a contiguous block
+of key heads), with their rows of q, k, v, z, b and a, their conv channels, A_log and
+dt_bias; its state slots hold only those heads' channels and states. The gated output norm
+normalizes within a head: nothing to reduce across ranks.
 """
 
 from __future__ import annotations
@@ -23,12 +32,16 @@ from torch import nn
 
 from omniwalk.engine.attention import PagedAttention
 from omniwalk.engine.state_pool import StateBatch
+from omniwalk.engine.tensor_parallel import tensor_parallel_group
 from omniwalk.kernels.causal_conv import causal_conv1d_decode, ragged_causal_conv1d
 from omniwalk.kernels.norm_rotary import QKRotary
 from omniwalk.kernels.state_rows import StateRows
 from omniwalk.layers.gated_delta_rule import gated_delta_rule_decode, gated_delta_rule_varlen
 from omniwalk.layers.mlp import GatedMLP
 from omniwalk.layers.norm import GatedRMSNorm, ZeroCenteredRMSNorm
+from omniwalk.layers.parallel import (
+    ColumnParallelLinear, ParallelLMHead, RowParallelLinear, VocabParallelEmbedding, shard_rows,
+)
 from omniwalk.layers.rotary import RotaryEmbedding
 from omniwalk.models.qwen3_5.config import LINEAR_ATTENTION, Qwen3_5Config
 
@@ -55,17 +68,22 @@ class GatedAttention(nn.Module):
     def __init__(self, config: Qwen3_5Config, cache_layer: int):
         super().__init__()
         self.cache_layer = cache_layer      # which KV-cache layer this module writes
-        self.num_heads = config.num_heads
-        self.num_kv_heads = config.num_kv_heads
+        # this rank's heads (all of them on one device): a contiguous block of q_proj's rows
+        # is whole heads with their gates, as k_proj's and v_proj's are whole KV heads
+        tp_size = tensor_parallel_group().size
+        self.num_heads = config.num_heads // tp_size
+        self.num_kv_heads = config.num_kv_heads // tp_size
         self.head_dim = config.head_dim
         self.scale = config.head_dim ** -0.5
         bias = config.attention_bias
-        # q (+ its gate), k and v in one projection (loaded from q_proj/k_proj/v_proj)
-        self.splits = [2 * config.q_size, config.kv_size, config.kv_size]
-        self.qkv_proj = nn.Linear(config.hidden_size, sum(self.splits), bias=bias)
-        self.packed_projections = _packing({"q_proj": self.splits[0], "k_proj": self.splits[1],
-                                            "v_proj": self.splits[2]}, "qkv_proj")
-        self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=bias)
+        # q (+ its gate), k and v in one projection (loaded from q_proj/k_proj/v_proj); the
+        # packing in the checkpoint's (unsharded) rows, each part split on its own
+        full_splits = (2 * config.q_size, config.kv_size, config.kv_size)
+        self.splits = [size // tp_size for size in full_splits]
+        self.qkv_proj = ColumnParallelLinear(config.hidden_size, full_splits, bias=bias)
+        self.packed_projections = _packing({"q_proj": full_splits[0], "k_proj": full_splits[1],
+                                            "v_proj": full_splits[2]}, "qkv_proj")
+        self.o_proj = RowParallelLinear(config.q_size, config.hidden_size, bias=bias)
         self.q_norm = ZeroCenteredRMSNorm(config.head_dim, config.rms_norm_eps)
         self.k_norm = ZeroCenteredRMSNorm(config.head_dim, config.rms_norm_eps)
 
@@ -104,25 +122,36 @@ class GatedDeltaNet(nn.Module):
     def __init__(self, config: Qwen3_5Config, state_layer: int):
         super().__init__()
         self.state_layer = state_layer      # which state-pool layer this module reads and writes
-        self.num_k_heads = config.linear_num_key_heads
-        self.num_v_heads = config.linear_num_value_heads
+        # this rank's heads (all of them on one device): V/N value heads and the K/N key
+        # heads they read; every per-head thing below is this rank's share
+        tp_size = tensor_parallel_group().size
+        self.num_k_heads = config.linear_num_key_heads // tp_size
+        self.num_v_heads = config.linear_num_value_heads // tp_size
         self.head_k_dim = config.linear_key_head_dim
         self.head_v_dim = config.linear_value_head_dim
-        self.key_dim = config.linear_key_dim
-        self.value_dim = config.linear_value_dim
-        conv_dim = config.linear_conv_dim
+        self.key_dim = self.num_k_heads * self.head_k_dim
+        self.value_dim = self.num_v_heads * self.head_v_dim
+        conv_dim = 2 * self.key_dim + self.value_dim
         kernel = config.linear_conv_kernel_dim
-        # the four input projections in one GEMM (loaded from in_proj_qkv/_z/_b/_a)
+        # the four input projections in one GEMM (loaded from in_proj_qkv/_z/_b/_a), q, k
+        # and v split on their own: a rank's rows are [its q | its k | its v | its z | its b | its a]
+        full_qkv = (config.linear_key_dim, config.linear_key_dim, config.linear_value_dim)
+        full_heads = config.linear_num_value_heads
         self.splits = [conv_dim, self.value_dim, self.num_v_heads, self.num_v_heads]
-        self.in_proj = nn.Linear(config.hidden_size, sum(self.splits), bias=False)
-        self.packed_projections = _packing({"in_proj_qkv": conv_dim, "in_proj_z": self.value_dim,
-                                            "in_proj_b": self.num_v_heads, "in_proj_a": self.num_v_heads}, "in_proj")
-        # depthwise; only its weight [conv_dim, 1, kernel] is used, by the conv functions
+        self.in_proj = ColumnParallelLinear(config.hidden_size, (*full_qkv, config.linear_value_dim, full_heads,
+                                                                 full_heads), bias=False)
+        self.packed_projections = _packing({"in_proj_qkv": sum(full_qkv), "in_proj_z": config.linear_value_dim,
+                                            "in_proj_b": full_heads, "in_proj_a": full_heads}, "in_proj")
+        # depthwise; only its weight [conv_dim, 1, kernel] is used, by the conv functions;
+        # a rank's channels are its q, k and v channels
         self.conv1d = nn.Conv1d(conv_dim, conv_dim, kernel, groups=conv_dim, padding=kernel - 1, bias=False)
+        shard_rows(self.conv1d.weight, full_qkv)
         self.dt_bias = nn.Parameter(torch.ones(self.num_v_heads))
         self.A_log = nn.Parameter(torch.zeros(self.num_v_heads))
-        self.norm = GatedRMSNorm(self.head_v_dim, config.rms_norm_eps)
-        self.out_proj = nn.Linear(self.value_dim, config.hidden_size, bias=False)
+        shard_rows(self.dt_bias, (full_heads,))
+        shard_rows(self.A_log, (full_heads,))
+        self.norm = GatedRMSNorm(self.head_v_dim, config.rms_norm_eps)   # per head: the same on every rank
+        self.out_proj = RowParallelLinear(config.linear_value_dim, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, states: StateBatch) -> torch.Tensor:  # x: [num_tokens, hidden]
         num_tokens = x.shape[0]
@@ -189,7 +218,7 @@ class Qwen3_5Model(nn.Module):
 
     def __init__(self, config: Qwen3_5Config):
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(Qwen3_5DecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = ZeroCenteredRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config.rotary_dim, config.rope_theta, config.rope_scaling)
@@ -211,7 +240,7 @@ class Qwen3_5ForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = Qwen3_5Model(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = ParallelLMHead(config.hidden_size, config.vocab_size)   # the full logits on every rank
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
