@@ -34,7 +34,7 @@ import threading
 import time
 
 from omniwalk.ipc import Channel, ChannelClosed
-from omniwalk.logs import ENGINE_LOG_FORMAT, configure_logging
+from omniwalk.logs import ENGINE_LOG_FORMAT, configure_logging, run_child_process
 from omniwalk.messages import (
     EngineCommand, EngineOutput, EngineReady, EngineSetup, InspectResult, LoopFailed, ModelInfo, Shutdown,
     StartFailed, StepOutputs,
@@ -150,18 +150,8 @@ class EngineProcess:
 
 
 def run(fd: int) -> None:
-    """The engine process's entry point (ENTRY): `main`, then an exit that skips the
-    interpreter's teardown (the loop and the channel are closed; tearing down CUDA and the
-    compiled-kernel bindings would only add time and noise)."""
-    try:
-        code = main(fd)
-    except BaseException:
-        logger.exception("engine process failed")
-        code = 1
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    """The engine process's entry point (ENTRY)."""
+    run_child_process(main, fd, "engine process")
 
 
 def main(fd: int) -> int:

@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import logging
+import os
+import sys
+from collections.abc import Callable
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 ENGINE_LOG_FORMAT = "%(asctime)s %(levelname)s engine %(name)s: %(message)s"   # the engine process's lines
@@ -17,3 +20,19 @@ def configure_logging(level: int | str = logging.INFO, fmt: str = LOG_FORMAT) ->
     logging.basicConfig(level=level, format=fmt)
     for name in _CHATTY_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def run_child_process(main: Callable[[int], int], fd: int, what: str) -> None:
+    """A child process's entry point (the engine process, a tensor-parallel rank): `main(fd)`,
+    its failure logged, the logs flushed, then an exit that skips the interpreter's teardown
+    (its loop and sockets are closed; tearing down CUDA and the compiled-kernel bindings would
+    only add time and noise)."""
+    try:
+        code = main(fd)
+    except BaseException:
+        logging.getLogger(main.__module__).exception("%s failed", what)
+        code = 1
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

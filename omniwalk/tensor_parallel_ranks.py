@@ -40,7 +40,7 @@ import time
 from dataclasses import dataclass
 
 from omniwalk.ipc import Channel, ChannelClosed
-from omniwalk.logs import ENGINE_LOG_FORMAT, configure_logging
+from omniwalk.logs import ENGINE_LOG_FORMAT, configure_logging, run_child_process
 from omniwalk.messages import EngineCommand, EngineSetup, StartFailed
 
 logger = logging.getLogger(__name__)
@@ -232,17 +232,8 @@ class Ranks:
 
 
 def run_rank(fd: int) -> None:
-    """A rank process's entry point (RANK_ENTRY): `rank_main`, then an exit that skips the
-    interpreter's teardown (as the engine process's `run`)."""
-    try:
-        code = rank_main(fd)
-    except BaseException:
-        logger.exception("tensor-parallel rank failed")
-        code = 1
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    """A rank process's entry point (RANK_ENTRY)."""
+    run_child_process(rank_main, fd, "tensor-parallel rank")
 
 
 def rank_main(fd: int) -> int:

@@ -17,21 +17,13 @@ from omniwalk.api import Engine, GenerationRequest
 from omniwalk.engine.sampler import SamplingParams
 from omniwalk.loading import EngineArgs, read_model
 from omniwalk.layers.parallel import check_decoder_split
-from omniwalk.tensor_parallel_ranks import CHECK_OUTPUTS_ENV, Ranks, free_port
+from omniwalk.tensor_parallel_ranks import CHECK_OUTPUTS_ENV, Ranks
 
 RANK_SCRIPT = Path(__file__).with_name("tp_layer_rank.py")
 
 
-def test_parallel_layers_compute_what_the_unsharded_ones_do():
-    port, env = free_port(), {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    ranks = [subprocess.Popen([sys.executable, str(RANK_SCRIPT), str(rank), "2", str(port)], env=env,
-                              stderr=subprocess.PIPE, text=True) for rank in range(2)]
-    try:
-        errors = [rank.communicate(timeout=60)[1] for rank in ranks]
-    finally:
-        for rank in ranks:
-            rank.kill()
-    assert [rank.returncode for rank in ranks] == [0, 0], "\n".join(errors)
+def test_parallel_layers_compute_what_the_unsharded_ones_do(run_rank_script):
+    run_rank_script(RANK_SCRIPT, timeout=60)
 
 
 def requests() -> list[GenerationRequest]:

@@ -5,9 +5,6 @@ checkpoint written by transformers' `save_pretrained`), and the sizes it refuses
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,22 +14,14 @@ from omniwalk.api import Engine, GenerationRequest
 from omniwalk.engine.sampler import SamplingParams
 from omniwalk.loading import EngineArgs, read_model
 from omniwalk.models.qwen3_5.config import check_tensor_parallel_split
-from omniwalk.tensor_parallel_ranks import CHECK_OUTPUTS_ENV, free_port
+from omniwalk.tensor_parallel_ranks import CHECK_OUTPUTS_ENV
 
 RANK_SCRIPT = Path(__file__).with_name("tp_qwen3_5_rank.py")
 TOKENIZER_DIR = Path(__file__).parents[2] / "omniwalk" / "models" / "assets" / "tiny-tokenizer"
 
 
-def test_sharded_layers_compute_what_the_unsharded_ones_do():
-    port, env = free_port(), {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    ranks = [subprocess.Popen([sys.executable, str(RANK_SCRIPT), str(rank), "2", str(port)], env=env,
-                              stderr=subprocess.PIPE, text=True) for rank in range(2)]
-    try:
-        errors = [rank.communicate(timeout=90)[1] for rank in ranks]
-    finally:
-        for rank in ranks:
-            rank.kill()
-    assert [rank.returncode for rank in ranks] == [0, 0], "\n".join(errors)
+def test_sharded_layers_compute_what_the_unsharded_ones_do(run_rank_script):
+    run_rank_script(RANK_SCRIPT, timeout=90)
 
 
 def requests() -> list[GenerationRequest]:
