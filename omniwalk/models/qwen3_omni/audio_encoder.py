@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omniwalk.layers.sdpa import attention_of_changing_shapes
 from omniwalk.models.qwen3_omni.encoder_config import AudioEncoderConfig
 
 
@@ -98,7 +99,7 @@ def segment_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segment
     attends to every token of its segment and to nothing else."""
     qs, ks, vs = (x[segments.index].transpose(1, 2) for x in (q, k, v))   # [S, H, L, D]
     mask = None if segments.valid is None else segments.valid[:, None, None, :]
-    out = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask).transpose(1, 2)   # [S, L, H, D]
+    out = attention_of_changing_shapes(qs, ks, vs, attn_mask=mask).transpose(1, 2)   # [S, L, H, D]
     if segments.valid is None:
         return out.reshape(-1, *out.shape[2:])
     return out[segments.valid]           # segments are consecutive: slot order is token order

@@ -58,6 +58,7 @@ from torch import nn
 from omniwalk.kernels.snac import snake
 from omniwalk.layers.norm import RMSNorm
 from omniwalk.layers.rotary import RotaryEmbedding, apply_rotary
+from omniwalk.layers.sdpa import attention_of_changing_shapes
 from omniwalk.models.qwen3_omni.code2wav_config import Code2WavConfig
 
 RESIDUAL_DILATIONS = (1, 3, 9)   # the residual units of every decoder block
@@ -296,8 +297,8 @@ class Code2WavAttention(nn.Module):
         q = self._rotate(self.q_proj(x[:, -num_queries:]), cos[:, -num_queries:], sin[:, -num_queries:])
         k = self._rotate(self.k_proj(x), cos, sin)
         v = self.v_proj(x).view(batch, frames, self.num_kv_heads, self.head_dim)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                             attn_mask=mask, enable_gqa=self.num_kv_heads != self.num_heads)
+        out = attention_of_changing_shapes(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                           attn_mask=mask, enable_gqa=self.num_kv_heads != self.num_heads)
         return self.o_proj(out.transpose(1, 2).reshape(batch, num_queries, -1))
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
