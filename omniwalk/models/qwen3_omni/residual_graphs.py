@@ -112,9 +112,11 @@ class ResidualGraphs(BucketGraphs):
         values, pad = settings.values(self.vocab), size - n
         neutral = {"temperature": 1.0, "top_k": self.vocab, "top_k_active": False, "top_p": 1.0, "top_p_active": False,
                    "log_min_p": -float("inf"), "repetition_penalty": 1.0, "greedy": True}
+        # from pinned memory, not waiting for the GPU: a copy from pageable memory waits for
+        # the stream, i.e. for the Talker's step, and the GPU idles while the host goes on
         for name, dtype in RowValues.DTYPES.items():
             row = torch.tensor(list(values[name]) + [neutral[name]] * pad, dtype=dtype)
-            getattr(self.values, name)[:size, 0].copy_(row)
+            getattr(self.values, name)[:size, 0].copy_(self._pinned(row), non_blocking=True)
         # code g of a frame: key (seed, step * G + g), as the eager picker's
         groups = np.arange(1, self.groups, dtype=np.int64)[:, None]
         indices = np.asarray(steps, dtype=np.int64)[None, :] * self.groups + groups          # [G-1, n]
@@ -122,7 +124,10 @@ class ResidualGraphs(BucketGraphs):
         halves = np.zeros((2, self.groups - 1, size), dtype=np.int64)
         halves[0, :, :n] = (keys & np.uint64(0xFFFFFFFF)).reshape(self.groups - 1, n)
         halves[1, :, :n] = (keys >> np.uint64(32)).reshape(self.groups - 1, n)
-        self.key_halves[:, :, :size].copy_(torch.from_numpy(halves))
+        self.key_halves[:, :, :size].copy_(self._pinned(torch.from_numpy(halves)), non_blocking=True)
+
+    def _pinned(self, host: torch.Tensor) -> torch.Tensor:
+        return host.pin_memory() if self.device.type == "cuda" else host
 
 
 __all__ = ["ResidualGraphs", "residual_settings"]

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from omniwalk.engine.attention import PagedAttention, build_metadata
+from omniwalk.engine.host_to_device import to_device
 from omniwalk.engine.kv_cache import PagedKVCache
 from omniwalk.engine.sampler import Sampler
 from omniwalk.graph import Chunk
@@ -278,22 +279,18 @@ class TalkerExecutor(NodeExecutor):
         logits.index_fill_(1, self.suppressed, float("-inf"))
         endless = [i for i, p in enumerate(params) if p.stop.ignore_eos]
         if endless:   # exactly the frame budget: codec EOS may not be picked either
-            logits[endless, self.config.codec.eos] = float("-inf")
+            logits[to_device(endless, dtype=torch.long, device=self.device), self.config.codec.eos] = float("-inf")
         first = self.sampler(logits, [p.sampling for p in params], [p.seed for p in params],
                              [s.step * self.config.num_code_groups for s in sequences],
                              [[] for _ in sequences], [s.first_codes for s in sequences]).token_ids
+        # Every row's code predictor runs, codec EOS or not (an EOS row's frame is dropped):
+        # asking the host first which rows speak waited for the step there, and the GPU
+        # idled while the host prepared the code predictor (~1.5 ms a step at batch 8 on the H200).
+        frame = self.residual_graphs.run(last_hidden, first, [p.sampling for p in params], [p.seed for p in params],
+                                         [s.step for s in sequences])
         eos = self.config.codec.eos
-        speaking = [i for i, code in enumerate(first.tolist()) if code != eos]
-        results: list[tuple] = [(eos, None)] * len(calls)
-        if not speaking:
-            return results
-        index = torch.tensor(speaking, device=self.device)
-        frame = self.residual_graphs.run(last_hidden.index_select(0, index), first.index_select(0, index),
-                                         [params[i].sampling for i in speaking], [params[i].seed for i in speaking],
-                                         [sequences[i].step for i in speaking])
-        for k, (i, codes) in enumerate(zip(speaking, frame.codes.tolist())):
-            results[i] = (tuple(codes), frame.summed_embeds[k])
-        return results
+        return [(eos, None) if codes[0] == eos else (tuple(codes), frame.summed_embeds[k])
+                for k, codes in enumerate(frame.codes.tolist())]
 
 
 def _rope_of(sequence: TalkerSequence, start: int, count: int) -> np.ndarray:
