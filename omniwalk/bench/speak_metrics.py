@@ -10,6 +10,7 @@ are as asked; the figures cover completed requests only.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 from omniwalk.bench import metrics, tts_metrics
@@ -95,6 +96,8 @@ class SpeakSummary:
     e2e: Stats
     rtf: Stats                         # unitless
     stall: Stats
+    #: chunk index (from 0) -> stalled requests whose latest chunk it was: where streams stall
+    stalled_chunks: dict[int, int] = field(default_factory=dict)
     failures: list[dict] = field(default_factory=list)   # the first few (metrics.MAX_LISTED_FAILURES)
 
     @property
@@ -140,6 +143,8 @@ def summarize_speak(records: list[SpokenChatRecord], start: float, end: float, i
         ttft=stats(metrics.ttft, texts), tpot=stats(metrics.tpot, texts),
         ttfa=stats(tts_metrics.ttfa, with_audio), e2e=stats(tts_metrics.e2e, audios),
         rtf=stats(tts_metrics.rtf, with_audio), stall=stats(tts_metrics.stall, with_audio),
+        stalled_chunks=dict(sorted(Counter(i for i in map(tts_metrics.latest_chunk, with_audio)
+                                           if i is not None).items())),
         failures=failures,
     )
 
@@ -167,6 +172,9 @@ def format_speak_summary(title: str, s: SpeakSummary) -> str:
         latency_row("stall", s.stall, note="(0: viable)"),
         latency_row("RTF (E2E / audio)", s.rtf, scale=unitless, note="(< 1: faster than real time)"),
     ]
+    if s.stalled_chunks:
+        where = ", ".join(f"chunk {i}: {n}" for i, n in s.stalled_chunks.items())
+        lines.append(f"  stalled at            {where} (each stalled request's latest chunk, from 0)")
     for item in s.failures[:5]:
         lines.append(f"  failed #{item['index']}: [{item['kind']}] {item['message']}")
     return "\n".join(lines)

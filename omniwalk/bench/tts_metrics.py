@@ -80,6 +80,20 @@ def stall(record: TTSRecord) -> float | None:
     return worst
 
 
+def latest_chunk(record: TTSRecord) -> int | None:
+    """The index (from 0) of the chunk that was latest against its playback deadline (the
+    one `stall` measures) of a request that stalled; None for a viable one."""
+    if not record.arrivals:
+        return None
+    first = record.arrivals[0][0]
+    played, worst, index = 0.0, 0.0, None
+    for i, (arrived, samples) in enumerate(record.arrivals):
+        if arrived - (first + played) > worst:
+            worst, index = arrived - (first + played), i
+        played += samples / record.sample_rate
+    return index
+
+
 def is_viable(record: TTSRecord) -> bool | None:
     late = stall(record)
     return None if late is None else late <= 0.0

@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from omniwalk.bench.tts import tts_requests
 from omniwalk.bench.tts_backends import TTSRecord, base64_size
-from omniwalk.bench.tts_metrics import is_viable, rtf, stall, summarize_tts
+from omniwalk.bench.tts_metrics import is_viable, latest_chunk, rtf, stall, summarize_tts
 from omniwalk.bench.workload import MEASURED, WARMUP, LengthRange
 from omniwalk.cli import main
 from omniwalk.models.orpheus.model import samples_received
@@ -142,6 +142,7 @@ def test_viability_stall_and_rtf():
     late = record([(1.0, 50), (1.5, 50), (2.25, 50)], end=2.5)      # deadline of chunk 3: 2.0
     assert is_viable(on_time) and stall(on_time) == 0.0
     assert not is_viable(late) and stall(late) == pytest.approx(0.25)
+    assert latest_chunk(on_time) is None and latest_chunk(late) == 2
     assert rtf(on_time) == pytest.approx(2.0 / 1.5) and rtf(late) == pytest.approx(2.5 / 1.5)
     silent = record([], end=0.3)
     assert is_viable(silent) is None and rtf(silent) is None
