@@ -172,11 +172,9 @@ def build_workload(args: argparse.Namespace, tokenizer) -> tuple[list, list]:
 
 
 def _engine_args(args: argparse.Namespace):
-    from omniwalk.loading import EngineArgs
+    from omniwalk.cli import _engine_args as engine_args
 
-    fields = {name: getattr(args, name) for name in EngineArgs.__dataclass_fields__
-              if hasattr(args, name) and name not in ("model", "seed")}   # --seed is the workload's
-    return EngineArgs(model=args.model, **fields)
+    return engine_args(args, skip=("seed",))   # --seed is the workload's
 
 
 def _arrival_label(concurrency: int | None, rate: float | None) -> str:

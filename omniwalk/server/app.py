@@ -269,8 +269,7 @@ def serve(args) -> None:
     from omniwalk.loading import EngineArgs
 
     host, port = getattr(args, "host", "127.0.0.1"), getattr(args, "port", 8000)
-    engine_args = EngineArgs(**{name: getattr(args, name) for name in EngineArgs.__dataclass_fields__
-                                if hasattr(args, name)})
+    engine_args = EngineArgs.from_flags(args)
     media, limits = media_options(args), server_limits(args)   # bad flags fail before the model loads
     limits = replace(limits, max_connections=connections_within(limits, raise_open_file_limit()))
     _warn_if_media_exceed_the_body_limit(media, limits)

@@ -75,6 +75,11 @@ BACKBONE = Node("backbone", inputs=("tokens",), outputs=("token",), stateful=Tru
 SNAC_DECODER = Node("snac_decoder", inputs=("window", "emit"), outputs=("pcm",))
 
 
+def orpheus_nodes(config) -> tuple[Node, ...]:
+    """The graph's nodes (`ModelFamily.nodes`)."""
+    return BACKBONE, SNAC_DECODER
+
+
 def orpheus_graph() -> ModelGraph:
     # counted, then pushed; the client gets the codes with the next audio chunk
     emit = (ToClient("token", "codes", deferred=True), ToStream("token", AUDIO_STREAM))
