@@ -4,26 +4,19 @@ and `--device`. Running a placement: tests/distributed/test_node_workers.py."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from omniwalk.cli import _engine_args, build_parser, main
 from omniwalk.loading import EngineArgs, read_model
 from omniwalk.placement import Placement, PlacementError, WorkerGroup, load_placement, parse_placement
 
-ORPHEUS_SPLIT = """\
-# Orpheus: the backbone here, SNAC in a worker process of its own
-groups:
-  - name: backbone
-    nodes: [backbone]
-    devices: [cpu]
-  - name: codec
-    nodes: [snac_decoder]
-    devices: [cpu]
-"""
+ORPHEUS_SPLIT = Path(__file__).parent / "distributed" / "orpheus_split.yaml"   # what test_node_workers.py runs
 
 
 def test_a_file_reads_as_its_groups():
-    placement = parse_placement(ORPHEUS_SPLIT, "orpheus.yaml")
+    placement = load_placement(ORPHEUS_SPLIT)
     assert placement.groups == (WorkerGroup("backbone", ("backbone",), ("cpu",)),
                                 WorkerGroup("codec", ("snac_decoder",), ("cpu",)))
     assert placement.engine_group.name == "backbone" and [g.name for g in placement.worker_groups] == ["codec"]
@@ -82,7 +75,7 @@ def test_the_model_is_checked_before_its_weights_load(model, text, error):
 
 def test_a_placement_with_workers_needs_the_engine_process():
     with pytest.raises(ValueError, match="needs the engine process"):
-        EngineArgs("tiny-orpheus", placement=parse_placement(ORPHEUS_SPLIT))
+        EngineArgs("tiny-orpheus", placement=load_placement(ORPHEUS_SPLIT))
     with pytest.raises(ValueError, match="tensor_parallel_size 1 but the placement's group 'a' has "
                                          "tensor_parallel_size 2"):
         EngineArgs("tiny-qwen3", engine_process=True, placement=parse_placement("groups: [{name: a, "

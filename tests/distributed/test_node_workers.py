@@ -1,0 +1,95 @@
+"""A node in a worker process of its own (issue 27, omniwalk/node_workers.py): Orpheus'
+SNAC decoder placed apart from the backbone gives the bytes one process gives, batched
+and cancelled as before; a killed worker ends its requests with the reason and /health
+answers 503, nothing hangs. One placed engine for the module (killed by the last test)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from pids import alive
+
+from omniwalk.api import Engine
+from omniwalk.capabilities.speech import SpeechRequest, collect_speech
+from omniwalk.loading import EngineArgs
+from omniwalk.placement import load_placement
+from omniwalk.server.app import build_app
+
+SPLIT = Path(__file__).with_name("orpheus_split.yaml")
+
+#: full windows (head, centres, the flush), a short one (fewer than 4 frames: one window), one stopped at 1
+REQUESTS = [SpeechRequest("Hello there", max_output_tokens=70, ignore_eos=True, seed=3),
+            SpeechRequest("A second voice, longer", max_output_tokens=49, ignore_eos=True, seed=5),
+            SpeechRequest("Short", max_output_tokens=20, ignore_eos=True, seed=7),
+            SpeechRequest("One", max_output_tokens=1, ignore_eos=True, seed=9)]
+
+
+def speak(engine: Engine) -> list:
+    streams = [engine.submit(request) for request in REQUESTS]   # all at once: SNAC's batches mix them
+    return [(r.pcm, r.token_ids, r.finish_reason, r.usage) for r in map(collect_speech, streams)]
+
+
+@pytest.fixture(scope="module")
+def placed():
+    engine = Engine(EngineArgs("tiny-orpheus", kv_cache_tokens=8192, engine_process=True,
+                               placement=load_placement(SPLIT)))
+    try:
+        yield engine
+    finally:
+        engine.shutdown()
+    assert not any(alive(pid) for pid in (engine.engine_pid, *engine.worker_pids))
+
+
+def test_snac_in_a_worker_gives_the_bytes_of_one_process(placed):
+    with Engine(EngineArgs("tiny-orpheus", kv_cache_tokens=8192)) as one:
+        expected = speak(one)
+    (worker,) = placed.worker_pids
+    assert alive(worker) and worker != placed.engine_pid
+    before = placed.stats.node_batches.get("snac_decoder", 0)
+    got = speak(placed)
+    assert got == expected
+    assert all(pcm for pcm, *_ in got[:3])
+    assert placed.stats.node_batches["snac_decoder"] > before   # the runtime batched it as before
+
+
+def test_an_abort_reaches_a_request_whose_audio_runs_in_the_worker(placed):
+    stream = placed.submit(SpeechRequest("Cancelled mid-way", max_output_tokens=2000, ignore_eos=True, seed=1))
+    chunks = iter(stream)
+    while not next(chunks).pcm:   # until the worker sent audio
+        pass
+    stream.abort()
+    assert collect_speech(stream).finish_reason == "abort"
+    assert speak(placed)[3][2] == "length"   # the engine goes on
+
+
+def test_a_killed_worker_ends_its_requests_and_health_answers_503(placed):
+    app = build_app(placed)
+    with TestClient(app) as http:
+        assert http.get("/health").status_code == 200
+        stream = placed.submit(SpeechRequest("Killed mid-way", max_output_tokens=3000, ignore_eos=True, seed=2))
+        started, ended = threading.Event(), []
+
+        def drain() -> None:
+            for chunk in stream:
+                started.set()
+            ended.append(chunk)
+
+        reader = threading.Thread(target=drain)
+        reader.start()
+        assert started.wait(30)
+        os.kill(placed.worker_pids[0], signal.SIGKILL)
+        reader.join(timeout=5)
+        assert not reader.is_alive(), "the request did not end within 5 s of the worker's death"
+        last = ended[0]
+        assert last.finished and last.finish_reason == "error"
+        assert "worker group 'codec'" in last.error and "killed by SIGKILL" in last.error
+        health = http.get("/health")
+        assert health.status_code == 503 and health.json()["status"] == "dead"
+        assert "killed by SIGKILL" in health.json()["error"]
+        with pytest.raises(RuntimeError, match="SIGKILL"):
+            placed.submit(REQUESTS[0])
