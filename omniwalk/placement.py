@@ -129,6 +129,11 @@ class Placement:
         """The groups that run in worker processes of their own."""
         return self.groups[1:]
 
+    @property
+    def worker_nodes(self) -> frozenset[str]:
+        """The nodes that run in worker processes: the engine process does not load them."""
+        return frozenset(node for group in self.worker_groups for node in group.nodes)
+
     def group_of(self, node: str) -> WorkerGroup:
         return next((group for group in self.groups if node in group.nodes), self.engine_group)
 

@@ -34,6 +34,10 @@ def speak(engine: Engine) -> list:
     return [(r.pcm, r.token_ids, r.finish_reason, r.usage) for r in map(collect_speech, streams)]
 
 
+def codec_here(runtime) -> tuple[str, bool]:   # run in the engine process by Engine.inspect
+    return type(runtime.model.executors["snac_decoder"]).__name__, runtime.model.snac is not None
+
+
 @pytest.fixture(scope="module")
 def placed():
     engine = Engine(EngineArgs("tiny-orpheus", kv_cache_tokens=8192, engine_process=True,
@@ -50,6 +54,7 @@ def test_snac_in_a_worker_gives_the_bytes_of_one_process(placed):
         expected = speak(one)
     (worker,) = placed.worker_pids
     assert alive(worker) and worker != placed.engine_pid
+    assert placed.inspect(codec_here) == ("RemoteExecutor", False)   # the engine process loaded no SNAC
     before = placed.stats.node_batches.get("snac_decoder", 0)
     got = speak(placed)
     assert got == expected

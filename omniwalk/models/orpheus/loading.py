@@ -70,7 +70,11 @@ def score_sampled_ids_only(ctx) -> None:
 
 
 def load_codec(ctx) -> None:
-    """The SNAC decoder, and on CUDA its graphs, before the KV cache takes what memory is left."""
+    """The SNAC decoder, and on CUDA its graphs, before the KV cache takes what memory is left;
+    none where a placement runs it in a worker process (`snac_executor` loads it there)."""
+    if ctx.args.placement is not None and SNAC_DECODER.name in ctx.args.placement.worker_nodes:
+        ctx.resources.update(snac=None, snac_graphs=None)
+        return
     tokens, snac_folder = ctx.source["tokens"], ctx.resources["snac_folder"]
     snac = _load_snac(ctx.source["snac_config"], snac_folder, ctx.random_weights, ctx.args.seed + 1)
     snac = snac.to(ctx.device).eval()
@@ -103,7 +107,8 @@ def snac_executor(ctx) -> SnacDecoderExecutor:
 def serve_orpheus(ctx) -> OrpheusModel:
     return OrpheusModel(ctx.module, ctx.cache, ctx.resources["snac"], ctx.source["tokens"],
                         max_batch_size=ctx.args.max_num_seqs, decode_graphs=ctx.decode_graphs,
-                        snac_graphs=ctx.resources["snac_graphs"], prefill_graphs=ctx.prefill_graphs)
+                        snac_graphs=ctx.resources["snac_graphs"], prefill_graphs=ctx.prefill_graphs,
+                        codec=ctx.source["snac_config"])
 
 
 ORPHEUS_LOADER = LoaderSpec(build=CausalLM, read_source=read_orpheus_source, after_weights=score_sampled_ids_only,
