@@ -312,6 +312,10 @@ def check_runnable(placement: Placement, family: "ModelFamily") -> None:
     if len({device.split(':')[0] for device in engine.devices}) > 1:
         raise PlacementError(placement.source, engine.lines.devices or engine.lines.group,
                              f"group {engine.name!r} mixes kinds of device")
+    if engine.tensor_parallel_size > 1 and placement.worker_groups:
+        group = placement.worker_groups[0]
+        raise PlacementError(placement.source, group.lines.group, f"group {group.name!r}: worker groups beside a "
+                             f"tensor-parallel engine group do not run yet")
     placeable = family.loader.worker_executors
     for group in placement.worker_groups:
         if group.tensor_parallel_size > 1:

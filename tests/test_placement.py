@@ -67,6 +67,8 @@ def args_for(text: str, model: str) -> EngineArgs:
      r"p.yaml:4: node 'backbone' cannot run outside the engine's group yet \(orpheus: snac_decoder can\)"),
     ("tiny-orpheus", "groups:\n  - name: a\n  - name: b\n    nodes: [snac_decoder]\n    devices: [cpu, cpu]\n",
      r"p.yaml:5: group 'b': a worker group of several ranks does not run yet"),
+    ("tiny-qwen3", "groups:\n  - name: a\n    devices: [cpu, cpu]\n  - name: b\n",
+     r"p.yaml:4: group 'b': worker groups beside a tensor-parallel engine group do not run yet"),
 ])
 def test_the_model_is_checked_before_its_weights_load(model, text, error):
     with pytest.raises(PlacementError, match=error):
