@@ -39,7 +39,7 @@ from omniwalk.messages import (
     EngineCommand, EngineOutput, EngineReady, EngineSetup, InspectResult, LoopFailed, ModelInfo, Shutdown,
     StartFailed, StepOutputs,
 )
-from omniwalk.processes import connect, exit_reason, spawn
+from omniwalk.processes import connect, exit_reason, first_answer, spawn
 
 logger = logging.getLogger(__name__)
 
@@ -76,10 +76,7 @@ class EngineProcess:
         logger.info("engine process %d ready in %.1f s", self.process.pid, time.perf_counter() - started)
 
     def _wait_until_ready(self) -> ModelInfo:
-        try:
-            message = self.channel.recv()
-        except ChannelClosed:
-            message = None
+        message = first_answer(self.channel)
         if isinstance(message, EngineReady):
             return message.info
         if isinstance(message, StartFailed):

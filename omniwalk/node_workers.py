@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 from omniwalk.ipc import Channel, ChannelClosed
 from omniwalk.logs import ENGINE_LOG_FORMAT, configure_logging, run_child_process
 from omniwalk.messages import EngineSetup, StartFailed
-from omniwalk.processes import connect, exit_reason, spawn
+from omniwalk.processes import connect, exit_reason, first_answer, spawn
 from omniwalk.runtime.executor import NodeCall, NodeExecutor
 from omniwalk.runtime.request import StreamParams
 
@@ -96,6 +96,9 @@ class RemoteCall:
     inputs: dict[str, Any]
     num_tokens: int
 
+    def __reduce__(self):   # a tuple, not the slots dataclass's Python-level __getstate__ (one per call a step)
+        return RemoteCall, (self.handle, self.request_id, self.params, self.inputs, self.num_tokens)
+
 
 @dataclass(frozen=True, slots=True)
 class RunBatch:
@@ -135,10 +138,7 @@ class WorkerProcess:
         return f"worker group {self.group.name!r} (pid {self.process.pid})"
 
     def wait_ready(self) -> None:
-        try:
-            message = self.channel.recv()
-        except ChannelClosed:
-            message = None
+        message = first_answer(self.channel)
         if isinstance(message, StartFailed):
             raise RuntimeError(f"{self.describe()} could not load {', '.join(self.group.nodes)}: {message.error}")
         if not isinstance(message, WorkerReady):

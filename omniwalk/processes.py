@@ -13,8 +13,9 @@ import signal
 import socket
 import subprocess
 import sys
+from typing import Any
 
-from omniwalk.ipc import Channel
+from omniwalk.ipc import Channel, ChannelClosed
 
 
 def spawn(entry: str, log_level: int) -> tuple[subprocess.Popen, Channel]:
@@ -39,6 +40,15 @@ def connect(fd: int) -> tuple[Channel, int]:
     channel = Channel(sock)
     sys.path[:], level = channel.recv()
     return channel, level
+
+
+def first_answer(channel: Channel) -> Any:
+    """A child's answer to its setup (ready, or StartFailed); None when it is gone before it
+    answered (end of file: its exit status then says why)."""
+    try:
+        return channel.recv()
+    except ChannelClosed:
+        return None
 
 
 def exit_reason(process: subprocess.Popen, wait_s: float = 2.0) -> str:

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from omniwalk.ipc import Channel, ChannelClosed
 from omniwalk.logs import ENGINE_LOG_FORMAT, configure_logging, run_child_process
 from omniwalk.messages import EngineCommand, EngineSetup, StartFailed
-from omniwalk.processes import connect, exit_reason, spawn
+from omniwalk.processes import connect, exit_reason, first_answer, spawn
 
 logger = logging.getLogger(__name__)
 
@@ -155,10 +155,7 @@ class Ranks:
     def wait_ready(self) -> None:
         """Waits until every rank has loaded its shard; raises with the first failure."""
         for rank, channel in enumerate(self.channels, start=1):
-            try:
-                message = channel.recv()
-            except ChannelClosed:
-                message = None
+            message = first_answer(channel)
             if isinstance(message, StartFailed):
                 raise RuntimeError(f"tensor-parallel rank {rank} could not load the model: {message.error}")
             if not isinstance(message, RankReady):

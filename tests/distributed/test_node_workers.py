@@ -9,18 +9,24 @@ import os
 import signal
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from fastapi.testclient import TestClient
 from pids import alive
 
 from omniwalk.api import Engine
+from omniwalk.graph import ModelGraph, Node, Sequential, StreamSpec, ToClient, Walk, WalkCall
+from omniwalk.ipc import Channel
+from omniwalk.node_workers import RemoteExecutor, WorkerProcess, _serve
+from omniwalk.runtime import FunctionExecutor, Request, Runtime, StreamParams
 from omniwalk.capabilities.speech import SpeechRequest, collect_speech
 from omniwalk.loading import EngineArgs
-from omniwalk.placement import load_placement
+from omniwalk.placement import WorkerGroup, load_placement
 from omniwalk.server.app import build_app
 
 SPLIT = Path(__file__).with_name("orpheus_split.yaml")
+INVERSE = Node("inverse", inputs=("x",), outputs=("y",))
 
 #: full windows (head, centres, the flush), a short one (fewer than 4 frames: one window), one stopped at 1
 REQUESTS = [SpeechRequest("Hello there", max_output_tokens=70, ignore_eos=True, seed=3),
@@ -70,6 +76,46 @@ def test_an_abort_reaches_a_request_whose_audio_runs_in_the_worker(placed):
     stream.abort()
     assert collect_speech(stream).finish_reason == "abort"
     assert speak(placed)[3][2] == "length"   # the engine goes on
+
+
+def reciprocal(state: dict, inputs: dict) -> dict:
+    return {"y": 1 / inputs["x"]}
+
+
+class OneNode:
+    """A served model of one stateless node, `inverse`: x -> 1 / x, to the client."""
+
+    graph = ModelGraph([Walk("run", ("x",), Sequential(INVERSE, ToClient("y", "y")))], [StreamSpec("s")])
+
+    def __init__(self, executor):
+        self.executors = {INVERSE.name: executor}
+
+    def plan(self, view):
+        return WalkCall("run", {"x": view.request}) if view.last_walk is None else None   # request: its inputs
+
+
+def test_a_batch_that_raises_in_the_worker_fails_only_its_request():
+    """In-process (the worker's loop on a thread, over a socket pair): a batch raising there
+    is retried call by call by the runtime, as in one process; the others are answered."""
+    ours, theirs = Channel.pair()
+    threading.Thread(target=_serve, args=(Channel(theirs), {"inverse": FunctionExecutor(reciprocal)}),
+                     daemon=True).start()
+    worker = WorkerProcess(WorkerGroup("w", ("inverse",)), SimpleNamespace(pid=os.getpid()), ours)   # here
+    worker.limits = {"inverse": (8, False)}
+    runtime = Runtime(OneNode(RemoteExecutor("inverse", worker)))
+    for x in (1, 0, 4):
+        runtime.add_request(Request(f"x={x}", x, {"s": StreamParams()}))
+    finals = {}
+    while runtime.has_unfinished:
+        for out in runtime.step():
+            finals.setdefault(out.request_id, []).append(out)
+    assert [o.items for o in finals["x=1"]][0] == {("s", "y"): [1.0]}
+    assert [o.items for o in finals["x=4"]][0] == {("s", "y"): [0.25]}
+    failed = finals["x=0"][-1]
+    assert failed.finish_reason == "error" and "node 'inverse' in worker group 'w'" in failed.error
+    assert "ZeroDivisionError" in failed.error
+    assert runtime.node_batches["inverse"] == 1   # one batch of three, then its retries alone
+    ours.close()
 
 
 def test_a_killed_worker_ends_its_requests_and_health_answers_503(placed):
