@@ -272,6 +272,10 @@ def _build(worker: WorkerSetup) -> dict[str, NodeExecutor]:
     _register_families(worker.setup.families)
     group, args = worker.group, worker.setup.args
     device = group.devices[0] if group.devices[0] != "auto" else args.device
+    if device.startswith("cuda:"):   # its device is the current one: streams, events and graphs made there
+        import torch
+
+        torch.cuda.set_device(device)
     ctx = read_model(replace(args, device=device, tensor_parallel_size=1, placement=None))
     return {node: ctx.family.loader.worker_executors[node](ctx) for node in group.nodes}
 
