@@ -23,8 +23,8 @@ raises as an Exception: the runtime retries the calls one by one and fails only 
 request at fault, as in one process. A worker that dies (end of file on its socket)
 raises `WorkerDied`, a BaseException like `CollectiveFailed`: no request is to blame and
 every later batch would fail too, so the engine loop ends with the reason and the API
-process ends every request in flight with it and answers 503. Nothing waits on a dead
-worker. No restart.
+process ends every request in flight with it and answers 503. So does a worker silent on
+a batch past BATCH_TIMEOUT_S. Nothing waits on a dead or stuck worker. No restart.
 
 On GPUs this is written, not run: each worker loads on its group's device; the values
 cross through the host (for Orpheus the codes are host data and the PCM goes to the host
@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import signal
 import subprocess
 import threading
@@ -57,6 +58,10 @@ logger = logging.getLogger(__name__)
 #: what a worker process runs (see engine_process.ENTRY for why not `-m`)
 WORKER_ENTRY = "import sys; from omniwalk.node_workers import run_worker; run_worker(int(sys.argv[1]))"
 STOP_TIMEOUT_S = 5.0   # for the workers to exit once their sockets closed, before they are killed
+#: a batch the worker has not answered in this long fails the engine as a dead worker would
+#: (a stuck device, a deadlock): the requests end instead of waiting without end. As
+#: generous as a collective's timeout (COLLECTIVE_TIMEOUT_S): a first batch may compile kernels.
+BATCH_TIMEOUT_S = 120.0
 
 
 class WorkerDied(BaseException):
@@ -128,10 +133,12 @@ class BatchFailed:
 class WorkerProcess:
     """One worker group's process, seen from the engine process."""
 
-    def __init__(self, group: "WorkerGroup", process: subprocess.Popen, channel: Channel):
+    def __init__(self, group: "WorkerGroup", process: subprocess.Popen, channel: Channel,
+                 batch_timeout_s: float = BATCH_TIMEOUT_S):
         self.group = group
         self.process = process
         self.channel = channel
+        self.batch_timeout_s = batch_timeout_s
         self.limits: dict[str, tuple[int, bool]] = {}
 
     def describe(self) -> str:
@@ -147,11 +154,14 @@ class WorkerProcess:
 
     def run(self, node: str, calls: list[NodeCall]) -> list[dict[str, Any] | None]:
         """The batch's outputs, computed in the worker. Raises RuntimeError when the batch
-        raised there, WorkerDied when the worker is gone."""
+        raised there, WorkerDied when the worker is gone or silent past `batch_timeout_s`."""
         batch = RunBatch(node, tuple(RemoteCall(call.stream.handle, call.stream.request_id, call.stream.params,
                                                 call.inputs, call.num_tokens) for call in calls))
         try:
             self.channel.send(batch)
+            if not select.select([self.channel.sock], [], [], self.batch_timeout_s)[0]:
+                raise WorkerDied(f"{self.describe()} did not answer a batch of node {node!r} within "
+                                 f"{self.batch_timeout_s:g} s")
             answer = self.channel.recv()
         except ChannelClosed:
             raise WorkerDied(f"{self.describe()} {exit_reason(self.process)}; it ran node {node!r}") from None

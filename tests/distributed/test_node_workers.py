@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,7 +19,7 @@ from pids import alive
 from omniwalk.api import Engine
 from omniwalk.graph import ModelGraph, Node, Sequential, StreamSpec, ToClient, Walk, WalkCall
 from omniwalk.ipc import Channel
-from omniwalk.node_workers import RemoteExecutor, WorkerProcess, _serve
+from omniwalk.node_workers import RemoteExecutor, WorkerDied, WorkerProcess, _serve
 from omniwalk.runtime import FunctionExecutor, Request, Runtime, StreamParams
 from omniwalk.capabilities.speech import SpeechRequest, collect_speech
 from omniwalk.loading import EngineArgs
@@ -79,6 +80,9 @@ def test_an_abort_reaches_a_request_whose_audio_runs_in_the_worker(placed):
 
 
 def reciprocal(state: dict, inputs: dict) -> dict:
+    if inputs["x"] is None:   # a worker stuck on its device
+        time.sleep(2)
+        return {"y": None}
     return {"y": 1 / inputs["x"]}
 
 
@@ -94,15 +98,20 @@ class OneNode:
         return WalkCall("run", {"x": view.request}) if view.last_walk is None else None   # request: its inputs
 
 
-def test_a_batch_that_raises_in_the_worker_fails_only_its_request():
-    """In-process (the worker's loop on a thread, over a socket pair): a batch raising there
-    is retried call by call by the runtime, as in one process; the others are answered."""
+def runtime_over_a_worker_thread(batch_timeout_s: float) -> Runtime:
+    """A runtime whose node `inverse` runs in a worker's loop on a thread here, over a socket pair."""
     ours, theirs = Channel.pair()
     threading.Thread(target=_serve, args=(Channel(theirs), {"inverse": FunctionExecutor(reciprocal)}),
                      daemon=True).start()
-    worker = WorkerProcess(WorkerGroup("w", ("inverse",)), SimpleNamespace(pid=os.getpid()), ours)   # here
+    worker = WorkerProcess(WorkerGroup("w", ("inverse",)), SimpleNamespace(pid=os.getpid()), ours, batch_timeout_s)
     worker.limits = {"inverse": (8, False)}
-    runtime = Runtime(OneNode(RemoteExecutor("inverse", worker)))
+    return Runtime(OneNode(RemoteExecutor("inverse", worker)))
+
+
+def test_a_batch_that_raises_in_the_worker_fails_only_its_request():
+    """A batch raising in the worker is retried call by call by the runtime, as in one
+    process; the others are answered."""
+    runtime = runtime_over_a_worker_thread(batch_timeout_s=30)
     for x in (1, 0, 4):
         runtime.add_request(Request(f"x={x}", x, {"s": StreamParams()}))
     finals = {}
@@ -115,7 +124,17 @@ def test_a_batch_that_raises_in_the_worker_fails_only_its_request():
     assert failed.finish_reason == "error" and "node 'inverse' in worker group 'w'" in failed.error
     assert "ZeroDivisionError" in failed.error
     assert runtime.node_batches["inverse"] == 1   # one batch of three, then its retries alone
-    ours.close()
+
+
+def test_a_worker_silent_past_the_timeout_fails_the_step_instead_of_hanging_it():
+    runtime = runtime_over_a_worker_thread(batch_timeout_s=0.2)
+    runtime.add_request(Request("stuck", None, {"s": StreamParams()}))
+    started = time.monotonic()
+    with pytest.raises(WorkerDied, match=r"worker group 'w' \(pid \d+\) did not answer a batch of node "
+                                         r"'inverse' within 0.2 s"):
+        while runtime.has_unfinished:
+            runtime.step()
+    assert time.monotonic() - started < 1.5
 
 
 def test_a_killed_worker_ends_its_requests_and_health_answers_503(placed):
