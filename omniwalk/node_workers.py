@@ -287,7 +287,23 @@ def _build(worker: WorkerSetup) -> dict[str, NodeExecutor]:
 
         torch.cuda.set_device(device)
     ctx = read_model(replace(args, device=device, tensor_parallel_size=1, placement=None))
-    return {node: ctx.family.loader.worker_executors[node](ctx) for node in group.nodes}
+    executors = {node: ctx.family.loader.worker_executors[node](ctx) for node in group.nodes}
+    for node, executor in executors.items():
+        check_stateless(node, executor)
+    return executors
+
+
+#: what a proxy does not forward: an executor that overrides any of them keeps per-stream
+#: state (Whisper's encoder counts each stream's windows at `begin`) and cannot run apart yet
+PER_STREAM_METHODS = ("begin", "pending_work", "can_reserve", "reserve", "holds_state", "preempt", "release")
+
+
+def check_stateless(node: str, executor: NodeExecutor) -> None:
+    overridden = [name for name in PER_STREAM_METHODS
+                  if getattr(type(executor), name) is not getattr(NodeExecutor, name)]
+    if overridden:
+        raise ValueError(f"node {node!r}: {type(executor).__name__} keeps per-stream state "
+                         f"({', '.join(overridden)}): only `run` crosses to a worker process")
 
 
 def _serve(channel: Channel, executors: dict[str, NodeExecutor]) -> None:

@@ -19,7 +19,7 @@ from pids import alive
 from omniwalk.api import Engine
 from omniwalk.graph import ModelGraph, Node, Sequential, StreamSpec, ToClient, Walk, WalkCall
 from omniwalk.ipc import Channel
-from omniwalk.node_workers import RemoteExecutor, WorkerDied, WorkerProcess, _serve
+from omniwalk.node_workers import RemoteExecutor, WorkerDied, WorkerProcess, _serve, check_stateless
 from omniwalk.runtime import FunctionExecutor, Request, Runtime, StreamParams
 from omniwalk.capabilities.speech import SpeechRequest, collect_speech
 from omniwalk.loading import EngineArgs
@@ -124,6 +124,16 @@ def test_a_batch_that_raises_in_the_worker_fails_only_its_request():
     assert failed.finish_reason == "error" and "node 'inverse' in worker group 'w'" in failed.error
     assert "ZeroDivisionError" in failed.error
     assert runtime.node_batches["inverse"] == 1   # one batch of three, then its retries alone
+
+
+def test_only_executors_without_per_stream_state_run_in_a_worker():
+    from omniwalk.models.orpheus.model import SnacDecoderExecutor
+    from omniwalk.models.whisper.executors import EncoderExecutor
+
+    with pytest.raises(ValueError, match=r"node 'encoder': EncoderExecutor keeps per-stream state \(begin, "
+                                         r"pending_work, release\)"):
+        check_stateless("encoder", EncoderExecutor.__new__(EncoderExecutor))
+    check_stateless("snac_decoder", SnacDecoderExecutor.__new__(SnacDecoderExecutor))
 
 
 def test_a_worker_silent_past_the_timeout_fails_the_step_instead_of_hanging_it():
