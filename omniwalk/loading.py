@@ -252,7 +252,9 @@ def check_placement(placement: "Placement", ctx: LoadContext) -> None:
     from omniwalk.placement import check_model, check_runnable
 
     nodes = None if ctx.family.nodes is None else {node.name: node for node in ctx.family.nodes(ctx.config)}
-    check_model(placement, ctx.family, ctx.config, nodes, torch.cuda.device_count())
+    # counted only where the file names GPUs: a CPU placement never asks the CUDA driver
+    num_gpus = torch.cuda.device_count() if any(group.gpus for group in placement.groups) else 0
+    check_model(placement, ctx.family, ctx.config, nodes, num_gpus)
     check_runnable(placement, ctx.family)
 
 

@@ -247,14 +247,14 @@ def _sequence(node: yaml.Node, source: str, what: str) -> list[yaml.Node]:
 
 
 _CONSTRUCTOR = yaml.constructor.SafeConstructor()
+_KINDS = {int: "an integer", str: "a string"}
 
 
 def _scalar(node: yaml.Node, source: str, kind, what: str) -> Any:
     value = _CONSTRUCTOR.construct_object(node, deep=True) if isinstance(node, yaml.ScalarNode) else None
     if value is None or isinstance(value, bool) or not isinstance(value, kind):
-        names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
-        raise PlacementError(source, _line(node), f"{what} must be a {names.replace('str', 'string')}, "
-                             f"got {_shown(node)}")
+        names = " or ".join(_KINDS[k] for k in (kind if isinstance(kind, tuple) else (kind,)))
+        raise PlacementError(source, _line(node), f"{what} must be {names}, got {_shown(node)}")
     return value
 
 

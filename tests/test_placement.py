@@ -41,7 +41,7 @@ def test_a_file_reads_as_its_groups():
     ("groups:\n  - name: a\n    devices: [0, 0]\n", r"p.yaml:3: group 'a' names a GPU twice"),
     ("groups:\n  - name: a\n    devices: [0]\n    tensor_parallel_size: 2\n",
      r"p.yaml:4: group 'a': 1 devices for tensor_parallel_size 2 \(one device per rank\)"),
-    ("groups:\n  - name: a\n    tensor_parallel_size: two\n", r"p.yaml:3: tensor_parallel_size must be a int"),
+    ("groups:\n  - name: a\n    tensor_parallel_size: two\n", r"p.yaml:3: tensor_parallel_size must be an integer, got 'two'"),
 ])
 def test_a_bad_file_names_its_line(text, error):
     with pytest.raises(PlacementError, match=error):
@@ -73,6 +73,24 @@ def args_for(text: str, model: str) -> EngineArgs:
 def test_the_model_is_checked_before_its_weights_load(model, text, error):
     with pytest.raises(PlacementError, match=error):
         read_model(args_for(text, model))   # files only: the config says the nodes and the heads
+
+
+def test_the_families_declare_the_nodes_their_graphs_have():
+    """`ModelFamily.nodes` (read before loading) against the graphs the served models build."""
+    from omniwalk.graph import LeftContext
+    from omniwalk.models.decoder_lm.model import text_generation_graph
+    from omniwalk.models.orpheus.model import orpheus_graph
+    from omniwalk.models.qwen3_omni.model import thinker_graph
+    from omniwalk.models.registry import FAMILIES
+    from omniwalk.models.whisper.model import whisper_graph
+
+    chunks = LeftContext(16, 4)
+    graphs = {"qwen3": text_generation_graph, "llama": text_generation_graph, "qwen3_5": text_generation_graph,
+              "orpheus": orpheus_graph, "whisper": whisper_graph,
+              "qwen3-omni": lambda: thinker_graph(speaks=True, code2wav_chunks=chunks)}
+    for name, graph in graphs.items():
+        config = read_model(EngineArgs(f"tiny-{name}")).config
+        assert {node.name: node for node in FAMILIES[name].nodes(config)} == graph().nodes, name
 
 
 def test_a_placement_with_workers_needs_the_engine_process():
