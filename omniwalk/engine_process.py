@@ -155,7 +155,7 @@ def main(fd: int) -> int:
     ranks = workers = None
     try:
         _register_families(setup.families)
-        if setup.args.placement is not None and setup.args.placement.worker_groups:
+        if setup.args.resolved_placement.worker_groups:
             from omniwalk.node_workers import NodeWorkers   # they load while this process does
 
             workers = NodeWorkers.start(setup, level)

@@ -38,8 +38,8 @@ from omniwalk.tokenizer import NoTokenizer, has_tokenizer_files, load_tokenizer
 
 if TYPE_CHECKING:
     from omniwalk.capabilities import Frontend
-    from omniwalk.placement import Placement
     from omniwalk.models.family import ModelFamily
+    from omniwalk.placement import Placement
     from omniwalk.runtime import Request, ServedModel
 
 logger = logging.getLogger(__name__)

@@ -169,9 +169,6 @@ class WorkerProcess:
             raise RuntimeError(f"node {node!r} in {self.describe()}: {answer.error}")
         return answer.outputs
 
-    def status(self) -> str:
-        return f"{self.describe()} " + ("runs" if self.process.poll() is None else exit_reason(self.process))
-
 
 class RemoteExecutor(NodeExecutor):
     """A node that runs in a worker process: the runtime's executor for it in the engine
@@ -219,9 +216,6 @@ class NodeWorkers:
                 served.executors[node] = RemoteExecutor(node, worker)
         logger.info("nodes in worker processes: %s", "; ".join(
             f"{', '.join(worker.group.nodes)} in {worker.describe()}" for worker in self.workers))
-
-    def failure_status(self) -> str:
-        return "; ".join(worker.status() for worker in self.workers)
 
     def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
         """Closes the sockets (each worker reads end of file and exits), waits, kills what is left."""

@@ -172,9 +172,9 @@ def build_workload(args: argparse.Namespace, tokenizer) -> tuple[list, list]:
 
 
 def _engine_args(args: argparse.Namespace):
-    from omniwalk.cli import _engine_args as engine_args
+    from omniwalk.loading import EngineArgs
 
-    return engine_args(args, skip=("seed",))   # --seed is the workload's
+    return EngineArgs.from_flags(args, skip=("seed",))   # --seed is the workload's
 
 
 def _arrival_label(concurrency: int | None, rate: float | None) -> str:

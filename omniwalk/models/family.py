@@ -19,9 +19,8 @@ from omniwalk.layers.config import DecoderConfig
 if TYPE_CHECKING:
     from omniwalk.capabilities import Frontend
     from omniwalk.graph import Node
-    from omniwalk.runtime.executor import NodeExecutor
     from omniwalk.loading import LoadContext, LoadedModel
-    from omniwalk.runtime import Request, ServedModel
+    from omniwalk.runtime import NodeExecutor, Request, ServedModel
 
 
 def decoder_kv_layout(config: DecoderConfig) -> tuple[int, int, int]:
@@ -64,7 +63,7 @@ class LoaderSpec:
     #: nodes that may run in a worker process of their own (a placement's other group,
     #: omniwalk/node_workers.py), each with how that process builds the node's executor
     #: from `read_model`'s context alone (config, source, device; the rest of the model
-    #: is not loaded there); stateless nodes only
+    #: is not loaded there); executors without per-stream state only (`check_stateless`)
     worker_executors: Mapping[str, Callable[["LoadContext"], "NodeExecutor"]] = field(default_factory=dict)
 
 
