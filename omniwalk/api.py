@@ -194,6 +194,11 @@ class Engine:
         """Tensor parallel: the processes of ranks 1..N-1 (the engine process is rank 0)."""
         return self._core.info.rank_pids if isinstance(self._core, EngineProcess) else ()
 
+    @property
+    def worker_pids(self) -> tuple[int, ...]:
+        """A placement's worker groups (omniwalk/node_workers.py): their processes, in the file's order."""
+        return self._core.info.worker_pids if isinstance(self._core, EngineProcess) else ()
+
     # ------------------------------------------------------------ submitting
 
     def submit(self, request: Any, request_id: str | None = None,

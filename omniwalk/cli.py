@@ -74,10 +74,15 @@ def _add_engine_flags(parser: argparse.ArgumentParser, seed: bool = True, engine
     group.add_argument("--page-size", type=int, default=_DEFAULTS.page_size, help="tokens per KV cache page")
     group.add_argument("--gpu-memory-utilization", type=float, default=_DEFAULTS.gpu_memory_utilization,
                        help="CUDA: the fraction of the GPU's memory the engine may use (weights, KV cache, graphs)")
-    group.add_argument("--tensor-parallel-size", "-tp", type=int, default=_DEFAULTS.tensor_parallel_size,
-                       help="split the model over this many devices, one process each (vLLM's flag; Qwen3 and "
-                            "Llama; needs --engine-process, the engine process is rank 0; on CPU: gloo) "
-                            "(default: %(default)s)")
+    group.add_argument("--tensor-parallel-size", "-tp", type=int, default=None,
+                       help="split the model over this many devices, one process each (vLLM's flag; Qwen3, "
+                            "Llama, Qwen3.5; needs --engine-process, the engine process is rank 0; on CPU: gloo); "
+                            "the shorthand of a placement whose one group has this size (default: 1, or the "
+                            "--placement file's first group's)")
+    group.add_argument("--placement", default=None, metavar="FILE",
+                       help="a YAML file: which of the model's nodes run in which worker group, on which devices, "
+                            "with which tensor-parallel size (docs/placement.md) (default: every node in the "
+                            "engine process, on --device)")
     group.add_argument("--enforce-eager", action="store_true", help="CUDA: decode without CUDA graphs")
     group.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                        default=_DEFAULTS.enable_prefix_caching,
@@ -187,9 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _engine_args(args: argparse.Namespace) -> EngineArgs:
-    """The EngineArgs fields the flags name (`--max-num-seqs` -> max_num_seqs, ...)."""
-    return EngineArgs(**{name: getattr(args, name) for name in EngineArgs.__dataclass_fields__ if hasattr(args, name)})
+def _engine_args(args: argparse.Namespace, skip: tuple[str, ...] = ()) -> EngineArgs:
+    return EngineArgs.from_flags(args, skip)
 
 
 def _generate(args: argparse.Namespace) -> int:

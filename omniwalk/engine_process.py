@@ -18,7 +18,9 @@ engine's death the same way: end of file, then the exit status.
 
 With `tensor_parallel_size` N > 1 the engine process is rank 0 of a tensor-parallel group:
 it starts ranks 1..N-1 before loading, and each of its steps is mirrored by them
-(omniwalk/tensor_parallel_ranks.py); they exit when it does.
+(omniwalk/tensor_parallel_ranks.py); they exit when it does. With a placement of several
+worker groups it starts a worker process per group after its own, before loading, and
+runs those groups' nodes there (omniwalk/node_workers.py); they exit when it does.
 """
 
 from __future__ import annotations
@@ -27,9 +29,7 @@ import logging
 import os
 import queue
 import signal
-import socket
 import subprocess
-import sys
 import threading
 import time
 
@@ -39,6 +39,7 @@ from omniwalk.messages import (
     EngineCommand, EngineOutput, EngineReady, EngineSetup, InspectResult, LoopFailed, ModelInfo, Shutdown,
     StartFailed, StepOutputs,
 )
+from omniwalk.processes import connect, exit_reason, first_answer, spawn
 
 logger = logging.getLogger(__name__)
 
@@ -63,14 +64,10 @@ class EngineProcess:
         from omniwalk.models.registry import runtime_registered_families
 
         self._unreadable: str | None = None
-        self.channel, theirs = Channel.pair()
-        command = [sys.executable, "-c", ENTRY, str(theirs.fileno())]
         started = time.perf_counter()
-        self.process = subprocess.Popen(command, pass_fds=[theirs.fileno()])
-        theirs.close()
+        self.process, self.channel = spawn(ENTRY, logging.getLogger().getEffectiveLevel())
         logger.info("engine process %d started; loading %s", self.process.pid, args.model)
         try:
-            self.channel.send((list(sys.path), logging.getLogger().getEffectiveLevel()))
             self.channel.send(EngineSetup(args, tuple(runtime_registered_families())))
             self.info = self._wait_until_ready()
         except BaseException:   # a load that failed, or Ctrl-C during it: leave no process behind
@@ -79,10 +76,7 @@ class EngineProcess:
         logger.info("engine process %d ready in %.1f s", self.process.pid, time.perf_counter() - started)
 
     def _wait_until_ready(self) -> ModelInfo:
-        try:
-            message = self.channel.recv()
-        except ChannelClosed:
-            message = None
+        message = first_answer(self.channel)
         if isinstance(message, EngineReady):
             return message.info
         if isinstance(message, StartFailed):
@@ -115,16 +109,7 @@ class EngineProcess:
         """How the process ended, e.g. "was killed by SIGKILL" (waits for it briefly)."""
         if self._unreadable is not None:
             return f"sent an output this process cannot read ({self._unreadable}) and was stopped"
-        try:
-            code = self.process.wait(timeout=wait_s)
-        except subprocess.TimeoutExpired:
-            return "closed its channel but still runs"
-        if code < 0:
-            try:
-                return f"was killed by {signal.Signals(-code).name}"
-            except ValueError:
-                return f"was killed by signal {-code}"
-        return f"exited with status {code}"
+        return exit_reason(self.process, wait_s)
 
     def stop(self, timeout: float) -> None:
         """Asks the loop to stop, waits `timeout` for the process, then kills it."""
@@ -158,10 +143,7 @@ def main(fd: int) -> int:
     """Set up from the API process's messages, load, serve until `Shutdown` or the API
     process's end; the exit status (0, or 1 when loading failed or the loop died)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the API process stops us in order
-    sock = socket.socket(fileno=fd)
-    sock.set_inheritable(False)                      # no child of ours may hold it open
-    channel = Channel(sock)
-    sys.path[:], level = channel.recv()              # the API process's: its families and test helpers import
+    channel, level = connect(fd)
     configure_logging(level, ENGINE_LOG_FORMAT)
     setup: EngineSetup = channel.recv()
 
@@ -170,28 +152,37 @@ def main(fd: int) -> int:
     inbox = Inbox()
     threading.Thread(target=_read_commands, args=(channel, inbox), name="omniwalk-engine-input", daemon=True).start()
     outbox: queue.SimpleQueue[EngineOutput | None] = queue.SimpleQueue()
-    ranks = None
+    ranks = workers = None
     try:
         _register_families(setup.families)
+        if setup.args.resolved_placement.worker_groups:
+            from omniwalk.node_workers import NodeWorkers   # they load while this process does
+
+            workers = NodeWorkers.start(setup, level)
         if setup.args.tensor_parallel_size > 1:   # this process is rank 0 (omniwalk/tensor_parallel_ranks.py)
             from omniwalk.tensor_parallel_ranks import Ranks
 
             ranks = Ranks.start(setup, level)
-        loaded, loop = _load(setup.args, outbox.put, inbox, ranks)
+        loaded, loop = _load(setup.args, outbox.put, inbox, ranks, workers)
     except BaseException as exc:
         logger.exception("could not load %s", setup.args.model)
         _send_quietly(channel, StartFailed(f"{type(exc).__name__}: {exc}"))
-        if ranks is not None:
-            ranks.stop()
+        _stop(ranks, workers)
         return 1
     try:
-        return _serve(channel, setup, loaded, loop, inbox, outbox, ranks)
+        return _serve(channel, setup, loaded, loop, inbox, outbox, ranks, workers)
     finally:
-        if ranks is not None:   # end of file on their sockets: the other ranks exit
-            ranks.stop()
+        _stop(ranks, workers)   # end of file on their sockets: the other ranks and the workers exit
 
 
-def _serve(channel: Channel, setup: EngineSetup, loaded, loop, inbox, outbox: queue.SimpleQueue, ranks) -> int:
+def _stop(*children) -> None:
+    for child in children:
+        if child is not None:
+            child.stop()
+
+
+def _serve(channel: Channel, setup: EngineSetup, loaded, loop, inbox, outbox: queue.SimpleQueue, ranks,
+           workers) -> int:
     """Ready, then the loop until it stops; the exit status."""
     from omniwalk.engine_loop import quiet_gc
 
@@ -199,7 +190,8 @@ def _serve(channel: Channel, setup: EngineSetup, loaded, loop, inbox, outbox: qu
     pages = cache.shape.num_pages if cache is not None else 0
     channel.send(EngineReady(ModelInfo(loaded.max_model_len, loaded.kv_capacity_tokens, pages, setup.args.page_size,
                                        str(loaded.device), str(loaded.dtype).removeprefix("torch."), os.getpid(),
-                                       ranks.pids if ranks is not None else ())))
+                                       ranks.pids if ranks is not None else (),
+                                       workers.pids if workers is not None else ())))
     quiet_gc()
     writer = threading.Thread(target=_write_outputs, args=(channel, outbox, inbox), name="omniwalk-engine-output",
                               daemon=True)
@@ -216,11 +208,13 @@ def _serve(channel: Channel, setup: EngineSetup, loaded, loop, inbox, outbox: qu
     return 1 if loop.error is not None else 0
 
 
-def _load(args, send, inbox, ranks=None):
+def _load(args, send, inbox, ranks=None, workers=None):
     from omniwalk.engine_loop import start_loop
     from omniwalk.loading import load_model
 
     loaded = load_model(args)
+    if workers is not None:   # before the warm-up: its batches of those nodes go to the workers too
+        workers.attach(loaded.served)
     if ranks is None:
         return loaded, start_loop(args, loaded, send, inbox)
     ranks.wait_ready()   # then all warm up together, step for step

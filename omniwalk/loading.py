@@ -39,6 +39,7 @@ from omniwalk.tokenizer import NoTokenizer, has_tokenizer_files, load_tokenizer
 if TYPE_CHECKING:
     from omniwalk.capabilities import Frontend
     from omniwalk.models.family import ModelFamily
+    from omniwalk.placement import Placement
     from omniwalk.runtime import Request, ServedModel
 
 logger = logging.getLogger(__name__)
@@ -73,6 +74,10 @@ class EngineArgs:
                                         # `omniwalk serve` turns it on (--no-engine-process: a thread)
     tensor_parallel_size: int = 1       # ranks (processes, one device each) that split the model;
                                         # > 1: the engine process is rank 0 (omniwalk/tensor_parallel_ranks.py)
+    #: which nodes run in which worker group (omniwalk/placement.py; `--placement FILE`); None:
+    #: every node here, split tensor_parallel_size ways (`Placement.default`). Its first group's
+    #: size is tensor_parallel_size; its other groups run in worker processes (node_workers.py)
+    placement: "Placement | None" = None
 
     def __post_init__(self):
         if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
@@ -95,9 +100,45 @@ class EngineArgs:
                              "--no-engine-process): it is rank 0 and starts the other ranks")
         if self.tensor_parallel_size > 1 and self.quantization is not None:
             raise ValueError("--quantization is not supported with tensor_parallel_size > 1 yet")
+        if self.placement is not None:
+            self._check_placement(self.placement)
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS[1:])} or None, "
                              f"got {self.quantization!r}")
+
+    @classmethod
+    def from_flags(cls, flags: Any, skip: tuple[str, ...] = ()) -> "EngineArgs":
+        """The fields the CLI's flags name (`--max-num-seqs` -> max_num_seqs, ...), but those in
+        `skip`: `--placement FILE` read (its errors name the file's line) and reconciled with
+        `--tensor-parallel-size` (None: not given) and `--device`."""
+        from omniwalk.placement import engine_flags, load_placement
+
+        fields = {name: getattr(flags, name) for name in cls.__dataclass_fields__
+                  if hasattr(flags, name) and name not in skip}
+        if fields.get("placement") is not None:
+            fields["placement"] = load_placement(fields["placement"])
+            fields["tensor_parallel_size"], fields["device"] = engine_flags(
+                fields["placement"], fields.get("tensor_parallel_size"), fields.get("device", cls.device))
+        if fields.get("tensor_parallel_size") is None:
+            fields.pop("tensor_parallel_size", None)
+        return cls(**fields)
+
+    def _check_placement(self, placement: "Placement") -> None:
+        engine = placement.engine_group
+        if engine.tensor_parallel_size != self.tensor_parallel_size:
+            raise ValueError(f"tensor_parallel_size {self.tensor_parallel_size} but the placement's group "
+                             f"{engine.name!r} has tensor_parallel_size {engine.tensor_parallel_size} "
+                             f"(omniwalk.placement.engine_flags resolves the two)")
+        if placement.worker_groups and not self.engine_process:
+            raise ValueError("a placement with worker groups needs the engine process (engine_process=True; not "
+                             "--no-engine-process): it starts and drives the workers")
+
+    @property
+    def resolved_placement(self) -> "Placement":
+        """The placement this engine runs: the file's, or the default (every node here)."""
+        from omniwalk.placement import Placement
+
+        return self.placement or Placement.default(self.tensor_parallel_size, self.device)
 
 
 @dataclass
@@ -187,19 +228,34 @@ def read_model(args: EngineArgs) -> LoadContext:
     if args.quantization is not None and args.quantization not in family.quantizations:
         raise ValueError(f"--quantization {args.quantization} is not supported for {family.name} models "
                          f"(supported: {', '.join(family.quantizations) or 'none'})")
-    if args.tensor_parallel_size > 1:
+    split = args.tensor_parallel_size > 1 and args.placement is None   # else the placement's checks say it
+    if split:
         if family.tensor_parallel is None:
             raise ValueError(f"--tensor-parallel-size {args.tensor_parallel_size}: {family.name} models run on "
                              f"one device only (tensor parallel: {', '.join(tensor_parallel_families()) or 'none'})")
     device = resolve_device(args.device)
     ctx = LoadContext(args, family, folder, device, resolve_dtype(args.dtype, device))
     (family.loader.read_source or read_model_source)(ctx)
-    if args.tensor_parallel_size > 1:
+    if split:
         try:
             family.tensor_parallel(ctx.config, args.tensor_parallel_size)
         except ValueError as exc:
             raise ValueError(f"{args.model}: {exc}") from None
+    if args.placement is not None:
+        check_placement(args.placement, ctx)
     return ctx
+
+
+def check_placement(placement: "Placement", ctx: LoadContext) -> None:
+    """The placement against the model's nodes (from its config: no weights yet), this
+    machine's GPUs, and what runs today; raises PlacementError ("FILE:LINE: problem")."""
+    from omniwalk.placement import check_model, check_runnable
+
+    nodes = None if ctx.family.nodes is None else {node.name: node for node in ctx.family.nodes(ctx.config)}
+    # counted only where the file names GPUs: a CPU placement never asks the CUDA driver
+    num_gpus = torch.cuda.device_count() if any(group.gpus for group in placement.groups) else 0
+    check_model(placement, ctx.family, ctx.config, nodes, num_gpus)
+    check_runnable(placement, ctx.family)
 
 
 def tensor_parallel_families() -> list[str]:
@@ -233,6 +289,10 @@ def load_model(args: EngineArgs) -> LoadedModel:
     if ctx.device.type == "cuda" and args.startup_warmup is not False:
         warm_up_moe_kernels(ctx.module, args.max_num_batched_tokens)
     served = spec.serve(ctx)
+    if args.placement is not None and family.nodes is None:   # its nodes are known only now
+        from omniwalk.placement import check_nodes
+
+        check_nodes(args.placement, served.graph.nodes, family.name)
     tp = tensor_parallel_group()
     logger.info("loaded %s (%s, %s on %s%s%s); KV cache: %d tokens in %d pages of %d%s",
                 args.model, family.name, ctx.dtype, ctx.device, ", random weights" if ctx.random_weights else "",

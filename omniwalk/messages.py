@@ -159,6 +159,7 @@ class ModelInfo:
     dtype: str                                  # "bfloat16", "float32", ...
     pid: int                                    # the engine process
     rank_pids: tuple[int, ...] = ()             # tensor parallel: the processes of ranks 1..N-1
+    worker_pids: tuple[int, ...] = ()           # a placement's worker groups after the first, in order
 
 
 @dataclass(frozen=True)

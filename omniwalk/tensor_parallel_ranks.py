@@ -34,7 +34,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -42,6 +41,7 @@ from dataclasses import dataclass
 from omniwalk.ipc import Channel, ChannelClosed
 from omniwalk.logs import ENGINE_LOG_FORMAT, configure_logging, run_child_process
 from omniwalk.messages import EngineCommand, EngineSetup, StartFailed
+from omniwalk.processes import connect, exit_reason, first_answer, spawn
 
 logger = logging.getLogger(__name__)
 
@@ -115,13 +115,9 @@ class Ranks:
         ranks = cls([], [], check_outputs=os.environ.get(CHECK_OUTPUTS_ENV) == "1")
         try:
             for rank in range(1, size):
-                ours, theirs = Channel.pair()
-                process = subprocess.Popen([sys.executable, "-c", RANK_ENTRY, str(theirs.fileno())],
-                                           pass_fds=[theirs.fileno()])
-                theirs.close()
+                process, ours = spawn(RANK_ENTRY, log_level)
                 ranks.processes.append(process)
                 ranks.channels.append(ours)
-                ours.send((list(sys.path), log_level))
                 ours.send(RankSetup(setup, rank, size, port, ranks.check_outputs))
             logger.info("tensor parallel: ranks 1..%d started (pids %s); joining on 127.0.0.1:%d", size - 1,
                         ", ".join(str(p.pid) for p in ranks.processes), port)
@@ -159,10 +155,7 @@ class Ranks:
     def wait_ready(self) -> None:
         """Waits until every rank has loaded its shard; raises with the first failure."""
         for rank, channel in enumerate(self.channels, start=1):
-            try:
-                message = channel.recv()
-            except ChannelClosed:
-                message = None
+            message = first_answer(channel)
             if isinstance(message, StartFailed):
                 raise RuntimeError(f"tensor-parallel rank {rank} could not load the model: {message.error}")
             if not isinstance(message, RankReady):
@@ -216,16 +209,7 @@ class Ranks:
 
     def _exit_reason(self, rank: int) -> str:
         process = self.processes[rank - 1]
-        try:
-            code = process.wait(timeout=2.0)
-        except subprocess.TimeoutExpired:
-            return f"(pid {process.pid}) closed its socket but still runs"
-        if code < 0:
-            try:
-                return f"(pid {process.pid}) was killed by {signal.Signals(-code).name}"
-            except ValueError:
-                return f"(pid {process.pid}) was killed by signal {-code}"
-        return f"(pid {process.pid}) exited with status {code}"
+        return f"(pid {process.pid}) {exit_reason(process)}"
 
 
 # ----------------------------------------------------------------------------- a rank process
@@ -240,10 +224,7 @@ def rank_main(fd: int) -> int:
     """Join the group, load this rank's shard, then mirror rank 0's steps until its socket
     closes (0) or a step fails (1: a collective raised, rank 0 is gone or stuck)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # rank 0 (and the API process) stop us in order
-    sock = socket.socket(fileno=fd)
-    sock.set_inheritable(False)
-    channel = Channel(sock)
-    sys.path[:], level = channel.recv()
+    channel, level = connect(fd)
     rank_setup: RankSetup = channel.recv()
     # its lines say which rank wrote them ("... INFO rank 1 omniwalk.loading: ...")
     configure_logging(level, ENGINE_LOG_FORMAT.replace(" engine ", f" rank {rank_setup.rank} "))

@@ -174,9 +174,7 @@ def build_workload(args: argparse.Namespace, tokenizer) -> tuple[list, list]:
 def _engine_args(args: argparse.Namespace):
     from omniwalk.loading import EngineArgs
 
-    fields = {name: getattr(args, name) for name in EngineArgs.__dataclass_fields__
-              if hasattr(args, name) and name not in ("model", "seed")}   # --seed is the workload's
-    return EngineArgs(model=args.model, **fields)
+    return EngineArgs.from_flags(args, skip=("seed",))   # --seed is the workload's
 
 
 def _arrival_label(concurrency: int | None, rate: float | None) -> str:

@@ -10,16 +10,17 @@ family's graph (its walks), plan and node executors.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from omniwalk.engine.tensor_parallel import tensor_parallel_group
 from omniwalk.layers.config import DecoderConfig
 
 if TYPE_CHECKING:
     from omniwalk.capabilities import Frontend
+    from omniwalk.graph import Node
     from omniwalk.loading import LoadContext, LoadedModel
-    from omniwalk.runtime import Request, ServedModel
+    from omniwalk.runtime import NodeExecutor, Request, ServedModel
 
 
 def decoder_kv_layout(config: DecoderConfig) -> tuple[int, int, int]:
@@ -59,6 +60,11 @@ class LoaderSpec:
     conv_kernel: Callable[[Any], int] | None = None
     #: the served model: graph (walks), plan and node executors over what was built
     serve: Callable[["LoadContext"], "ServedModel"] = None
+    #: nodes that may run in a worker process of their own (a placement's other group,
+    #: omniwalk/node_workers.py), each with how that process builds the node's executor
+    #: from `read_model`'s context alone (config, source, device; the rest of the model
+    #: is not loaded there); executors without per-stream state only (`check_stateless`)
+    worker_executors: Mapping[str, Callable[["LoadContext"], "NodeExecutor"]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -82,3 +88,6 @@ class ModelFamily:
     #: (config, tensor parallel size) -> None, or ValueError when the model cannot be split
     #: that way; None: the family runs on one device only (tensor_parallel_size 1)
     tensor_parallel: Callable[[Any, int], None] | None = None
+    #: config -> the nodes of the served model's graph, without loading it: what a placement
+    #: file may name, checked before any weight loads; None: checked once the model is built
+    nodes: Callable[[Any], tuple["Node", ...]] | None = None

@@ -269,8 +269,7 @@ def serve(args) -> None:
     from omniwalk.loading import EngineArgs
 
     host, port = getattr(args, "host", "127.0.0.1"), getattr(args, "port", 8000)
-    engine_args = EngineArgs(**{name: getattr(args, name) for name in EngineArgs.__dataclass_fields__
-                                if hasattr(args, name)})
+    engine_args = EngineArgs.from_flags(args)
     media, limits = media_options(args), server_limits(args)   # bad flags fail before the model loads
     limits = replace(limits, max_connections=connections_within(limits, raise_open_file_limit()))
     _warn_if_media_exceed_the_body_limit(media, limits)
@@ -286,10 +285,12 @@ def serve(args) -> None:
     loaded = engine.loaded
     names = served_names(getattr(args, "served_model_name", None), default_model_name(loaded.name))
     logger.info("serving %r as %s on http://%s:%d: %s on %s, context %d tokens, KV cache %d tokens (%d pages of "
-                "%d); engine loop %s%s", loaded.name, " / ".join(map(repr, names)), host, port, loaded.dtype,
+                "%d); engine loop %s%s%s", loaded.name, " / ".join(map(repr, names)), host, port, loaded.dtype,
                 loaded.device, loaded.max_model_len, loaded.kv_capacity_tokens,
                 loaded.kv_capacity_tokens // engine_args.page_size, engine_args.page_size,
                 f"in engine process {engine.engine_pid}" if engine.in_engine_process else "on a thread",
+                "".join(f", {', '.join(group.nodes)} in worker process {pid}" for group, pid in
+                        zip(engine_args.resolved_placement.worker_groups, engine.worker_pids)),
                 "; API key required" if api_key else "")
     if loaded.random_weights:
         logger.warning(random_weights_banner(loaded.name))

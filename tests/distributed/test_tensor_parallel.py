@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from pids import alive
 
 from omniwalk.api import Engine, GenerationRequest
 from omniwalk.engine.sampler import SamplingParams
@@ -40,14 +41,6 @@ def requests() -> list[GenerationRequest]:
 
 def generate(engine: Engine) -> list:
     return [(r.token_ids, r.finish_reason, r.usage, r.logprobs) for r in engine.generate(requests())]
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"
 
 
 @pytest.mark.parametrize("model", ["tiny-qwen3", "tiny-llama"])

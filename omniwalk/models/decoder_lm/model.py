@@ -29,6 +29,11 @@ TEXT_STREAM = "text"
 BACKBONE = Node("backbone", inputs=("tokens",), outputs=("token", "logprobs"), stateful=True)
 
 
+def text_nodes(config) -> tuple[Node, ...]:
+    """The graph's nodes (`ModelFamily.nodes`): the one backbone."""
+    return (BACKBONE,)
+
+
 def text_generation_graph() -> ModelGraph:
     emit = (ToClient("token", "tokens"), ToClient("logprobs", "logprobs"))
     prefill = Walk("prefill", ("tokens",), Sequential(BACKBONE, *emit, Keep("token")))

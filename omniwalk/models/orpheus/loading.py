@@ -22,7 +22,9 @@ from omniwalk.loading import read_model_source, uses_decode_graphs
 from omniwalk.models.decoder_lm.modeling import CausalLM
 from omniwalk.models.family import LoaderSpec
 from omniwalk.models.orpheus.config import ORPHEUS_3B, TINY_SNAC, TINY_TOKENS, samples_per_frame
-from omniwalk.models.orpheus.model import CENTRE, HEAD, TAIL, WINDOW_FRAMES, OrpheusModel
+from omniwalk.models.orpheus.model import (
+    CENTRE, HEAD, SNAC_DECODER, TAIL, WINDOW_FRAMES, OrpheusModel, SnacDecoderExecutor,
+)
 from omniwalk.models.orpheus.snac import (
     SNAC_24KHZ, SnacConfig, SnacDecoder, init_random_snac, load_snac_state, read_snac_config, read_snac_state,
 )
@@ -68,7 +70,11 @@ def score_sampled_ids_only(ctx) -> None:
 
 
 def load_codec(ctx) -> None:
-    """The SNAC decoder, and on CUDA its graphs, before the KV cache takes what memory is left."""
+    """The SNAC decoder, and on CUDA its graphs, before the KV cache takes what memory is left;
+    none where a placement runs it in a worker process (`snac_executor` loads it there)."""
+    if ctx.args.placement is not None and SNAC_DECODER.name in ctx.args.placement.worker_nodes:
+        ctx.resources.update(snac=None, snac_graphs=None)
+        return
     tokens, snac_folder = ctx.source["tokens"], ctx.resources["snac_folder"]
     snac = _load_snac(ctx.source["snac_config"], snac_folder, ctx.random_weights, ctx.args.seed + 1)
     snac = snac.to(ctx.device).eval()
@@ -91,14 +97,23 @@ def load_codec(ctx) -> None:
     ctx.resources.update(snac=snac, snac_graphs=snac_graphs)
 
 
+def snac_executor(ctx) -> SnacDecoderExecutor:
+    """Node `snac_decoder` alone, in a worker process of its own (a placement's other group):
+    the codec from `read_model`'s context, the backbone not loaded there."""
+    load_codec(ctx)
+    return SnacDecoderExecutor(ctx.resources["snac"], ctx.args.max_num_seqs, ctx.resources["snac_graphs"])
+
+
 def serve_orpheus(ctx) -> OrpheusModel:
     return OrpheusModel(ctx.module, ctx.cache, ctx.resources["snac"], ctx.source["tokens"],
                         max_batch_size=ctx.args.max_num_seqs, decode_graphs=ctx.decode_graphs,
-                        snac_graphs=ctx.resources["snac_graphs"], prefill_graphs=ctx.prefill_graphs)
+                        snac_graphs=ctx.resources["snac_graphs"], prefill_graphs=ctx.prefill_graphs,
+                        codec=ctx.source["snac_config"])
 
 
 ORPHEUS_LOADER = LoaderSpec(build=CausalLM, read_source=read_orpheus_source, after_weights=score_sampled_ids_only,
-                            resources=load_codec, serve=serve_orpheus)
+                            resources=load_codec, serve=serve_orpheus,
+                            worker_executors={SNAC_DECODER.name: snac_executor})
 
 
 def _snac_config(folder: Path | None) -> SnacConfig:

@@ -60,7 +60,7 @@ from omniwalk.graph import (
     ToClient, ToStream, Walk, WalkCall,
 )
 from omniwalk.models.orpheus.config import CODES_PER_FRAME, OrpheusTokens, samples_per_frame
-from omniwalk.models.orpheus.snac import SeededNoise, SnacDecoder
+from omniwalk.models.orpheus.snac import SeededNoise, SnacConfig, SnacDecoder
 from omniwalk.models.orpheus.snac_graphs import SnacGraphs
 from omniwalk.runtime.executor import NodeCall, NodeExecutor
 
@@ -73,6 +73,11 @@ TAIL = (CENTRE[1], WINDOW_FRAMES)   # the final flush: the last window's frames 
 
 BACKBONE = Node("backbone", inputs=("tokens",), outputs=("token",), stateful=True)
 SNAC_DECODER = Node("snac_decoder", inputs=("window", "emit"), outputs=("pcm",))
+
+
+def orpheus_nodes(config) -> tuple[Node, ...]:
+    """The graph's nodes (`ModelFamily.nodes`)."""
+    return BACKBONE, SNAC_DECODER
 
 
 def orpheus_graph() -> ModelGraph:
@@ -338,22 +343,24 @@ class SnacDecoderExecutor(NodeExecutor):
 class OrpheusModel:
     """Orpheus served through the runtime (implements `ServedModel`)."""
 
-    def __init__(self, lm: torch.nn.Module, cache: PagedKVCache, snac: SnacDecoder, tokens: OrpheusTokens,
+    def __init__(self, lm: torch.nn.Module, cache: PagedKVCache, snac: SnacDecoder | None, tokens: OrpheusTokens,
                  *, max_batch_size: int = 256, decode_graphs: DecodeGraphs | None = None,
                  snac_graphs: dict[tuple[int, int], SnacGraphs] | None = None,
-                 prefill_graphs: PrefillGraphs | None = None):
+                 prefill_graphs: PrefillGraphs | None = None, codec: SnacConfig | None = None):
         self.lm = lm
         self.cache = cache
-        self.snac = snac
+        self.snac = snac        # None: node snac_decoder runs in a worker process (a placement), its executor set there
         self.tokens = tokens
-        self.frame_samples = samples_per_frame(snac.config)
-        self.sampling_rate = snac.config.sampling_rate
+        codec = snac.config if snac is not None else codec
+        self.frame_samples = samples_per_frame(codec)
+        self.sampling_rate = codec.sampling_rate
         self.graph = orpheus_graph()
         self.executors = {
             BACKBONE.name: CausalLMExecutor(lm, cache, max_batch_size, decode_graphs, AudioCodeMask(tokens),
                                             prefill_graphs=prefill_graphs),
-            SNAC_DECODER.name: SnacDecoderExecutor(snac, max_batch_size, snac_graphs),
         }
+        if snac is not None:
+            self.executors[SNAC_DECODER.name] = SnacDecoderExecutor(snac, max_batch_size, snac_graphs)
 
     def plan(self, view: StreamView) -> WalkCall | None:
         return orpheus_plan(self.tokens, view)

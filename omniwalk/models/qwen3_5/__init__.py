@@ -11,12 +11,13 @@ Tensor parallel: both kinds of layer split by heads, the MLP by rows, the vocabu
 rows (see `model.py`); each rank's state slots hold its heads only.
 """
 
-from omniwalk.models.decoder_lm.model import text_frontends, text_warmup
+from omniwalk.models.decoder_lm.model import text_frontends, text_nodes, text_warmup
 from omniwalk.models.family import ModelFamily
 from omniwalk.models.qwen3_5.config import Qwen3_5Config, check_tensor_parallel_split, config_from_hf, tiny_config
 from omniwalk.models.qwen3_5.loading import QWEN3_5_LOADER
 
 FAMILY = ModelFamily("qwen3_5", ("qwen3_5", "qwen3_5_text"), config_from_hf, tiny_config, QWEN3_5_LOADER,
-                     frontends=text_frontends, warmup=text_warmup, tensor_parallel=check_tensor_parallel_split)
+                     frontends=text_frontends, warmup=text_warmup, tensor_parallel=check_tensor_parallel_split,
+                     nodes=text_nodes)
 
 __all__ = ["FAMILY", "Qwen3_5Config", "config_from_hf", "tiny_config"]

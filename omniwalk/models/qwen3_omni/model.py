@@ -85,6 +85,12 @@ CODE2WAV = Node("code2wav", inputs=("frames",), outputs=("pcm",))
 EACH_TOKEN = FixedChunks(1)
 
 
+def thinker_nodes(config) -> tuple[Node, ...]:
+    """The graph's nodes (`ModelFamily.nodes`): the Talker's and Code2Wav's where the config speaks."""
+    nodes = (AUDIO_ENCODER, VISION_ENCODER, THINKER)
+    return nodes + (TALKER, CODE2WAV) if config.speech is not None else nodes
+
+
 def thinker_graph(speaks: bool = False, code2wav_chunks: LeftContext | None = None) -> ModelGraph:
     """The Thinker's walks; with `speaks`, the Talker's and Code2Wav's too (`code2wav_chunks`:
     how the audio stream takes frames)."""

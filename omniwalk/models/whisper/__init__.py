@@ -15,9 +15,11 @@
 from omniwalk.models.family import ModelFamily
 from omniwalk.models.whisper.config import config_from_hf, tiny_config
 from omniwalk.models.whisper.loading import WHISPER_LOADER
+from omniwalk.models.whisper.model import whisper_nodes
 from omniwalk.models.whisper.transcribe import transcription_frontends, transcription_warmup
 
 FAMILY = ModelFamily("whisper", ("whisper",), config_from_hf, tiny_config, WHISPER_LOADER,
-                     frontends=transcription_frontends, warmup=transcription_warmup)
+                     frontends=transcription_frontends, warmup=transcription_warmup,
+                     nodes=whisper_nodes)
 
 __all__ = ["FAMILY"]

@@ -45,6 +45,11 @@ ENCODER = Node("encoder", inputs=("features",), outputs=("encoder_states",))
 DECODER = Node("decoder", inputs=("tokens",), outputs=("token", "window"), stateful=True)
 
 
+def whisper_nodes(config) -> tuple[Node, ...]:
+    """The graph's nodes (`ModelFamily.nodes`)."""
+    return ENCODER, DECODER
+
+
 def whisper_graph() -> ModelGraph:
     emit = (ToClient("token", "tokens"), ToClient("window", "windows"))
     encode = Walk("encode", ("features",), Sequential(ENCODER, Keep("encoder_states")))
