@@ -174,6 +174,29 @@ def test_text_only_on_a_speaking_model_and_mixed_batches(speaking_engine):
                                              for i in range(16)]
 
 
+def test_the_repetition_penalty_reads_the_seen_codes_as_it_read_the_histories(speaking_engine, monkeypatch):
+    """The Talker keeps the first codes each stream said on the device (`SeenTokens`); frames
+    sampled with a repetition penalty equal those penalized from the host histories."""
+    from omniwalk.capabilities.text import GenerationRequest, SpeechOutput, collect_generation
+    from omniwalk.engine.sampler import SamplingParams
+
+    def run(penalty=3.0):   # the request's seed is the Talker's too
+        requests = [GenerationRequest(prompt_token_ids=PROMPT[:-1] + [12 + i], max_tokens=4, ignore_eos=True,
+                                      sampling=SamplingParams(temperature=0.0, seed=i),
+                                      speech=SpeechOutput("Ethan", 24, sampling=SamplingParams(
+                                          temperature=1.0, top_k=8, repetition_penalty=penalty)))
+                    for i in range(3)]
+        return [collect_generation(s).audio for s in [speaking_engine.submit(r) for r in requests]]
+
+    talker = speaking_engine.model.executors["talker"]
+    kept = run()
+    assert talker.seen_codes is not None and not talker.seen_codes.row_of   # every row freed
+    monkeypatch.setattr(type(talker), "_seen_codes", lambda self, *args: None)
+    assert run() == kept
+    assert run(penalty=1.0) != kept   # the penalty changes the frames: the comparison can fail
+    assert all(len(audio) == 2 * samples(24) for audio in kept)
+
+
 @pytest.mark.parametrize("speech, message", [
     (dict(voice="nobody"), "unknown voice"),
     (dict(voice="ethan", prompt=[5, 6, 7]), "assistant"),

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -35,6 +36,7 @@ from omniwalk.engine.attention import PagedAttention, build_metadata
 from omniwalk.engine.host_to_device import to_device
 from omniwalk.engine.kv_cache import PagedKVCache
 from omniwalk.engine.sampler import Sampler
+from omniwalk.engine.seen_tokens import SeenTokens
 from omniwalk.graph import Chunk
 from omniwalk.models.qwen3_omni.code2wav import Code2Wav, CodecChunk
 from omniwalk.models.qwen3_omni.positions import PromptPositions
@@ -131,6 +133,9 @@ class TalkerExecutor(NodeExecutor):
         self.config = talker.config
         self.device = next(talker.parameters()).device
         self.sampler = Sampler()
+        # the first codes each stream said, on the device for the repetition penalty (made on
+        # first use): rebuilt from the histories, a step's host work grew with every frame
+        self.seen_codes: SeenTokens | None = None
         self.sequences: dict[int, TalkerSequence] = {}
         self.text_row_cache: dict[int, torch.Tensor] = {}   # id -> its decode steps' text row (`_text_row`)
         self.suppressed = torch.tensor(self.config.suppressed_codec_ids, dtype=torch.long, device=self.device)
@@ -188,6 +193,8 @@ class TalkerExecutor(NodeExecutor):
     def release(self, stream) -> None:
         self.cache.free(stream.handle)
         self.sequences.pop(stream.handle, None)
+        if self.seen_codes is not None:
+            self.seen_codes.free(stream.handle)
 
     # ------------------------------------------------------------ rows
 
@@ -239,7 +246,7 @@ class TalkerExecutor(NodeExecutor):
             # a decode step: each stream's one new row (text positions), its frame sampled now
             logits, last = graphs.step(rows.to(self.talker_dtype), starts, tables)
             frames = self._frames(calls, sequences, last, logits)
-            return self._commit(sequences, counts, range(len(calls)), frames)
+            return self._commit(calls, sequences, counts, range(len(calls)), frames)
         if all(s.rope is None for s in sequences):
             positions = torch.tensor([p for a, n in zip(starts, counts) for p in range(a, a + n)], device=self.device)
         else:   # a prompt with images: (t, h, w) positions
@@ -253,18 +260,34 @@ class TalkerExecutor(NodeExecutor):
         if done:
             last = hidden[torch.tensor(ends[done], device=self.device)]
             frames = self._frames([calls[i] for i in done], [sequences[i] for i in done], last)
-        return self._commit(sequences, counts, done, frames)
+        return self._commit(calls, sequences, counts, done, frames)
 
-    def _commit(self, sequences: list[TalkerSequence], counts: list[int], done, frames) -> list[dict | None]:
+    def _commit(self, calls: list[NodeCall], sequences: list[TalkerSequence], counts: list[int], done,
+                frames) -> list[dict | None]:
         """Only now, once the batch computed: a batch that raised left every sequence as it was."""
         outputs: list[dict | None] = [None] * len(sequences)
         for sequence, n in zip(sequences, counts):
             sequence.num_computed += n
         for i, (item, frame_embeds) in zip(done, frames):
             outputs[i] = {"frame": item}
-            sequences[i].first_codes.append(item[0] if isinstance(item, tuple) else item)
+            first = item[0] if isinstance(item, tuple) else item
+            sequences[i].first_codes.append(first)
+            if self.seen_codes is not None:
+                self.seen_codes.append(calls[i].stream.handle, first)
             sequences[i].frame_embeds = frame_embeds   # the next step's row, once its text is known (`begin`)
         return outputs
+
+    def _seen_codes(self, calls: list[NodeCall], sequences: list[TalkerSequence], params,
+                    vocab: int) -> torch.Tensor | None:
+        """[n, vocab] bool: the first codes each row said so far, for a batch with a repetition
+        penalty (None without one: the sampler reads no history then)."""
+        if all(p.sampling.repetition_penalty == 1.0 for p in params):
+            return None
+        if self.seen_codes is None:
+            self.seen_codes = SeenTokens(vocab, self.device, capacity=self.max_batch_size)
+        histories = [_CodeHistory(s.first_codes) for s in sequences]
+        rows = self.seen_codes.rows([call.stream.handle for call in calls], histories)
+        return self.seen_codes.mask.index_select(0, rows)
 
     @property
     def talker_dtype(self) -> torch.dtype:
@@ -282,7 +305,8 @@ class TalkerExecutor(NodeExecutor):
             logits[to_device(endless, dtype=torch.long, device=self.device), self.config.codec.eos] = float("-inf")
         first = self.sampler(logits, [p.sampling for p in params], [p.seed for p in params],
                              [s.step * self.config.num_code_groups for s in sequences],
-                             [[] for _ in sequences], [s.first_codes for s in sequences]).token_ids
+                             [[] for _ in sequences], [s.first_codes for s in sequences],
+                             seen=self._seen_codes(calls, sequences, params, logits.shape[1])).token_ids
         # Every row's code predictor runs, codec EOS or not (an EOS row's frame is dropped):
         # asking the host first which rows speak waited for the step there, and the GPU
         # idled while the host prepared the code predictor (~1.5 ms a step at batch 8 on the H200).
@@ -291,6 +315,14 @@ class TalkerExecutor(NodeExecutor):
         eos = self.config.codec.eos
         return [(eos, None) if codes[0] == eos else (tuple(codes), frame.summed_embeds[k])
                 for k, codes in enumerate(frame.codes.tolist())]
+
+
+class _CodeHistory(NamedTuple):
+    """A stream's history as `SeenTokens` reads it when it gives the stream a row: no prompt
+    (the Talker's prompt is embeddings), its first codes."""
+
+    outputs: list[int]
+    prompt: tuple = ()
 
 
 def _rope_of(sequence: TalkerSequence, start: int, count: int) -> np.ndarray:
