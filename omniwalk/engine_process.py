@@ -55,39 +55,18 @@ class EngineStartError(RuntimeError):
 # ----------------------------------------------------------------------------- the API side
 
 
-class EngineProcess:
-    """The engine process, seen from the API process: starts it, waits until it has loaded
-    the model (`info`), then sends commands and receives outputs over one socket."""
+class EngineConnection:
+    """An engine process seen through one channel of its own: commands out, outputs in. The
+    process belongs to someone else: an API process of `omniwalk serve --api-server-count N`
+    (omniwalk/server/api_servers.py), whose supervisor started it. `index`: which API process
+    this is (None: the only one)."""
 
-    def __init__(self, args):
-        from omniwalk.models.registry import runtime_registered_families
-
+    def __init__(self, channel: Channel, info: ModelInfo, index: int | None = None):
+        self.channel = channel
+        self.info = info
+        self.index = index
         self._unreadable: str | None = None
-        self.channel, theirs = Channel.pair()
-        command = [sys.executable, "-c", ENTRY, str(theirs.fileno())]
-        started = time.perf_counter()
-        self.process = subprocess.Popen(command, pass_fds=[theirs.fileno()])
-        theirs.close()
-        logger.info("engine process %d started; loading %s", self.process.pid, args.model)
-        try:
-            self.channel.send((list(sys.path), logging.getLogger().getEffectiveLevel()))
-            self.channel.send(EngineSetup(args, tuple(runtime_registered_families())))
-            self.info = self._wait_until_ready()
-        except BaseException:   # a load that failed, or Ctrl-C during it: leave no process behind
-            self._kill()
-            raise
-        logger.info("engine process %d ready in %.1f s", self.process.pid, time.perf_counter() - started)
-
-    def _wait_until_ready(self) -> ModelInfo:
-        try:
-            message = self.channel.recv()
-        except ChannelClosed:
-            message = None
-        if isinstance(message, EngineReady):
-            return message.info
-        if isinstance(message, StartFailed):
-            raise EngineStartError(message.error)
-        raise EngineStartError(f"the engine process {self.exit_reason()} while loading the model")
+        self._closed = False
 
     def start(self) -> None:
         """Nothing to start: the process runs since it was made."""
@@ -101,12 +80,72 @@ class EngineProcess:
         try:
             return self.channel.recv()
         except ChannelClosed:
+            self._closed = True
             return None
         except Exception as exc:   # an output this process cannot unpickle: the protocol is broken
             logger.exception("could not read the engine process's output")
             self._unreadable = f"{type(exc).__name__}: {exc}"
-            self._kill()
+            self._drop()
             return None
+
+    def is_alive(self) -> bool:
+        return not self._closed
+
+    def exit_reason(self, wait_s: float = 2.0) -> str:
+        if self._unreadable is not None:
+            return f"sent an output this process cannot read ({self._unreadable}) and was dropped"
+        # not our child: its exit status is the supervisor's, which logs it
+        return f"(pid {self.info.pid}) closed its channel: it exited or was killed (the server's log says how)"
+
+    def stop(self, timeout: float) -> None:
+        """Leaves the engine process: it aborts this side's requests and serves the others."""
+        try:
+            self.channel.send(Shutdown())
+        except ChannelClosed:   # it is gone already
+            pass
+        self.channel.close()
+
+    def _drop(self) -> None:
+        self._closed = True
+        self.channel.close()
+
+
+class EngineProcess(EngineConnection):
+    """The engine process, seen from the process that starts it: starts it, waits until it has
+    loaded the model (`info`), then sends commands and receives outputs over one socket.
+    `api_fds`: the engine's ends of the channels of N > 1 API processes (it inherits them;
+    close yours after), whose commands and outputs then cross there: this channel only sets
+    up and stops it (omniwalk/server/api_servers.py)."""
+
+    def __init__(self, args, api_fds: tuple[int, ...] = ()):
+        from omniwalk.models.registry import runtime_registered_families
+
+        self._unreadable = None   # (set again by EngineConnection once the process is ready)
+        channel, theirs = Channel.pair()
+        command = [sys.executable, "-c", ENTRY, str(theirs.fileno())]
+        started = time.perf_counter()
+        self.process = subprocess.Popen(command, pass_fds=[theirs.fileno(), *api_fds])
+        theirs.close()
+        logger.info("engine process %d started; loading %s", self.process.pid, args.model)
+        try:
+            channel.send((list(sys.path), logging.getLogger().getEffectiveLevel()))
+            channel.send(EngineSetup(args, tuple(runtime_registered_families()), api_fds))
+            super().__init__(channel, self._wait_until_ready(channel))
+        except BaseException:   # a load that failed, or Ctrl-C during it: leave no process behind
+            self._kill()
+            raise
+        logger.info("engine process %d ready in %.1f s", self.process.pid, time.perf_counter() - started)
+
+    def _wait_until_ready(self, channel: Channel) -> ModelInfo:
+        try:
+            message = channel.recv()
+        except ChannelClosed:
+            message = None
+        if isinstance(message, EngineReady):
+            return message.info
+        if isinstance(message, StartFailed):
+            raise EngineStartError(message.error)
+        raise EngineStartError(f"the engine process {self.exit_reason()} while loading the model")
 
     def is_alive(self) -> bool:
         return self.process.poll() is None
@@ -116,15 +155,9 @@ class EngineProcess:
         if self._unreadable is not None:
             return f"sent an output this process cannot read ({self._unreadable}) and was stopped"
         try:
-            code = self.process.wait(timeout=wait_s)
+            return exit_description(self.process.wait(timeout=wait_s))
         except subprocess.TimeoutExpired:
             return "closed its channel but still runs"
-        if code < 0:
-            try:
-                return f"was killed by {signal.Signals(-code).name}"
-            except ValueError:
-                return f"was killed by signal {-code}"
-        return f"exited with status {code}"
 
     def stop(self, timeout: float) -> None:
         """Asks the loop to stop, waits `timeout` for the process, then kills it."""
@@ -140,10 +173,23 @@ class EngineProcess:
             self._kill()
         self.channel.close()
 
+    def _drop(self) -> None:
+        self._kill()
+
     def _kill(self) -> None:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+
+
+def exit_description(code: int) -> str:
+    """A child's exit status in words: "exited with status 1", "was killed by SIGKILL"."""
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with status {code}"
 
 
 # ----------------------------------------------------------------------------- the engine process
@@ -170,6 +216,12 @@ def main(fd: int) -> int:
     inbox = Inbox()
     threading.Thread(target=_read_commands, args=(channel, inbox), name="omniwalk-engine-input", daemon=True).start()
     outbox: queue.SimpleQueue[EngineOutput | None] = queue.SimpleQueue()
+    api_channels = None
+    if setup.api_fds:   # several API processes: each its own channel, the loop's outputs routed to them
+        from omniwalk.api_channels import ApiChannels
+
+        api_channels = ApiChannels(setup.api_fds, inbox)
+    send = api_channels.send if api_channels is not None else outbox.put
     ranks = None
     try:
         _register_families(setup.families)
@@ -177,7 +229,7 @@ def main(fd: int) -> int:
             from omniwalk.tensor_parallel_ranks import Ranks
 
             ranks = Ranks.start(setup, level)
-        loaded, loop = _load(setup.args, outbox.put, inbox, ranks)
+        loaded, loop = _load(setup.args, send, inbox, ranks)
     except BaseException as exc:
         logger.exception("could not load %s", setup.args.model)
         _send_quietly(channel, StartFailed(f"{type(exc).__name__}: {exc}"))
@@ -185,14 +237,16 @@ def main(fd: int) -> int:
             ranks.stop()
         return 1
     try:
-        return _serve(channel, setup, loaded, loop, inbox, outbox, ranks)
+        return _serve(channel, setup, loaded, loop, inbox, outbox, ranks, api_channels)
     finally:
         if ranks is not None:   # end of file on their sockets: the other ranks exit
             ranks.stop()
 
 
-def _serve(channel: Channel, setup: EngineSetup, loaded, loop, inbox, outbox: queue.SimpleQueue, ranks) -> int:
-    """Ready, then the loop until it stops; the exit status."""
+def _serve(channel: Channel, setup: EngineSetup, loaded, loop, inbox, outbox: queue.SimpleQueue, ranks,
+           api_channels=None) -> int:
+    """Ready, then the loop until it stops; the exit status. `api_channels`: the loop's outputs
+    go to them (several API processes), not to `channel` (`outbox` stays empty)."""
     from omniwalk.engine_loop import quiet_gc
 
     cache = getattr(loaded.served, "cache", None)
@@ -201,6 +255,8 @@ def _serve(channel: Channel, setup: EngineSetup, loaded, loop, inbox, outbox: qu
                                        str(loaded.device), str(loaded.dtype).removeprefix("torch."), os.getpid(),
                                        ranks.pids if ranks is not None else ())))
     quiet_gc()
+    if api_channels is not None:
+        api_channels.start()
     writer = threading.Thread(target=_write_outputs, args=(channel, outbox, inbox), name="omniwalk-engine-output",
                               daemon=True)
     writer.start()
@@ -212,6 +268,8 @@ def _serve(channel: Channel, setup: EngineSetup, loaded, loop, inbox, outbox: qu
     runner.join()
     outbox.put(None)
     writer.join(timeout=10)
+    if api_channels is not None:
+        api_channels.close()
     channel.close()
     return 1 if loop.error is not None else 0
 

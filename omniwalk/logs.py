@@ -9,7 +9,14 @@ import sys
 from collections.abc import Callable
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-ENGINE_LOG_FORMAT = "%(asctime)s %(levelname)s engine %(name)s: %(message)s"   # the engine process's lines
+
+
+def labelled_format(label: str) -> str:
+    """The format of a child process's lines: LOG_FORMAT with its label ("engine", "api 1", "rank 1")."""
+    return LOG_FORMAT.replace(" %(name)s", f" {label} %(name)s")
+
+
+ENGINE_LOG_FORMAT = labelled_format("engine")   # the engine process's lines
 
 #: libraries that log every HTTP request at INFO (httpx: "HTTP Request: POST ... 200 OK"): a
 #: bench sending thousands of requests would bury its progress line under them
