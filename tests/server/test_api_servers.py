@@ -1,0 +1,163 @@
+"""`omniwalk serve --api-server-count 2`: two API processes over one engine process, started as
+a user starts them. One server serves the positive checks and is stopped by SIGTERM last; a
+second one has its engine, then an API process, killed."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from processes import descendants, start_serve, wait_gone, wait_healthy
+
+from omniwalk.cli import main
+
+SERVE = ("--api-server-count", "2", "--kv-cache-tokens", "2048")
+MESSAGES = [{"role": "user", "content": "Tell me a story."}]
+MAX_TOKENS = 12
+
+
+class Server:
+    """A running `omniwalk serve`, its output collected line by line as it comes."""
+
+    def __init__(self, *serve_args: str):
+        self.process, self.url = start_serve(*SERVE, *serve_args, log_level="info")
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=lambda: self.lines.extend(self.process.stdout), daemon=True)
+        self._reader.start()
+        wait_healthy(self.process, self.url)
+        self.children = descendants(self.process.pid)
+
+    def roles(self) -> tuple[int, list[int]]:
+        """(the engine process's pid, the API processes' pids), from their command lines."""
+        engine, apis = None, []
+        for pid in self.children:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if b"omniwalk.engine_process" in command:
+                engine = pid
+            elif b"omniwalk.server.api_servers" in command:
+                apis.append(pid)
+        return engine, sorted(apis)
+
+    def output(self) -> str:
+        self.process.wait(timeout=30)
+        self._reader.join(timeout=10)
+        return "".join(self.lines)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.output()
+
+
+@pytest.fixture(scope="module")
+def server():
+    running = Server()
+    yield running
+    running.close()
+
+
+def test_two_api_processes_stream_from_one_engine(server):
+    """8 concurrent streamed chat completions each get exactly max_tokens tokens, the same
+    text as the same request not streamed; both API processes served some."""
+    engine, apis = server.roles()
+    assert engine is not None and len(apis) == 2, "not one engine process and two API processes"
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=60) as client:
+        def chat(stream: bool) -> tuple[str, int]:
+            options = dict(model="tiny-qwen3", messages=MESSAGES, max_tokens=MAX_TOKENS, temperature=0,
+                           extra_body={"ignore_eos": True})
+            if not stream:
+                response = client.chat.completions.create(**options)
+                return response.choices[0].message.content, response.usage.completion_tokens
+            chunks = list(client.chat.completions.create(**options, stream=True,
+                                                         stream_options={"include_usage": True}))
+            text = "".join(choice.delta.content or "" for chunk in chunks for choice in chunk.choices)
+            return text, chunks[-1].usage.completion_tokens
+
+        expected = chat(stream=False)
+        assert expected[1] == MAX_TOKENS
+        served = set()
+        with ThreadPoolExecutor(8) as pool:
+            # The kernel hands each new connection to whichever API process accepts first: a
+            # round of 8 may all go to one; 5 rounds that never reach the other mean it serves nothing.
+            for _ in range(5):
+                assert list(pool.map(chat, [True] * 8)) == [expected] * 8
+                served = set(re.findall(r"api (\d) uvicorn\.access: .* \"POST /v1/chat/completions", "".join(server.lines)))
+                if served == {"0", "1"}:
+                    break
+        assert served == {"0", "1"}, f"only api {served} served requests"
+
+
+def test_second_serve_on_the_busy_port_fails_before_loading(server):
+    port = server.url.rsplit(":", 1)[1]
+    second = subprocess.run([sys.executable, "-m", "omniwalk.cli", "serve", *SERVE, "--port", port],
+                            capture_output=True, text=True, timeout=120)
+    assert second.returncode == 1 and f"127.0.0.1:{port} is already in use" in second.stderr, second.stderr
+    assert "engine process" not in second.stderr and "loaded" not in second.stderr   # nothing started
+
+
+def test_api_server_count_needs_the_engine_process(capsys):
+    assert main(["serve", "--api-server-count", "2", "--no-engine-process"]) == 2
+    assert "--api-server-count 2 needs the engine process" in capsys.readouterr().err
+
+
+def test_sigterm_stops_every_process(server):
+    """(Last on this server.) SIGTERM to the supervisor: it exits 0 and no API process or
+    engine process is left within 10 s."""
+    server.process.send_signal(signal.SIGTERM)
+    assert server.process.wait(timeout=10) == 0
+    assert not wait_gone(server.children, timeout=10), "a process outlived `omniwalk serve`"
+    output = server.output()
+    assert "SIGTERM: stopping 2 API processes and the engine process" in output
+    assert re.search(r"engine process \d+ stopped \(exit status 0\)", output), output
+
+
+def test_killed_engine_ends_every_stream_then_a_killed_api_process_stops_the_server():
+    """SIGKILL to the engine process mid-stream: every open stream ends with an error within
+    5 s and /health answers 503 from the API processes. Then SIGKILL to an API process: the
+    supervisor says which died and how, stops the rest and exits 1."""
+    server = Server()
+    try:
+        engine, apis = server.roles()
+        body = {"messages": MESSAGES, "max_tokens": 1500, "ignore_eos": True, "stream": True}
+        lines: dict[int, list[str]] = {i: [] for i in range(4)}
+        first = [threading.Event() for _ in lines]
+
+        def stream(index: int) -> None:
+            with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60) as response:
+                for line in response.iter_lines():
+                    if line:
+                        lines[index].append(line)
+                        first[index].set()
+
+        clients = [threading.Thread(target=stream, args=(i,)) for i in lines]
+        for client in clients:
+            client.start()
+        assert all(event.wait(30) for event in first), "the streams did not start"
+        subprocess.run(["kill", "-KILL", str(engine)], check=True)
+        for client in clients:
+            client.join(timeout=5)
+            assert not client.is_alive(), "a stream did not end within 5 s of the engine's death"
+        for sse in lines.values():   # an error event, then [DONE]
+            assert sse[-1] == "data: [DONE]"
+            assert "engine process" in json.loads(sse[-2][len("data: "):])["error"]["message"]
+        for _ in range(4):   # fresh connections: either API process may answer
+            health = httpx.get(server.url + "/health", headers={"Connection": "close"})
+            assert health.status_code == 503 and health.json()["status"] == "dead"
+
+        subprocess.run(["kill", "-KILL", str(apis[1])], check=True)
+        assert server.process.wait(timeout=10) == 1
+        assert not wait_gone(server.children, timeout=10), "a process outlived `omniwalk serve`"
+        output = server.output()
+        assert f"engine process {engine} was killed by SIGKILL" in output
+        assert f"api 1 (pid {apis[1]}) was killed by SIGKILL: stopping the server" in output
+    finally:
+        server.close()
