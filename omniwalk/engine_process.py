@@ -16,6 +16,11 @@ exits too, so none outlives its server. It ignores SIGINT (a Ctrl-C reaches the 
 process group; the API process shuts it down in order). The API process learns of the
 engine's death the same way: end of file, then the exit status.
 
+With `omniwalk serve --api-server-count N` (N > 1) the process that starts the engine
+process is a supervisor: the channel above only sets up and stops the engine, and each of N
+API processes talks to it over a channel of its own (`EngineConnection` on their side,
+omniwalk/api_channels.py on this one; omniwalk/server/api_servers.py starts them all).
+
 With `tensor_parallel_size` N > 1 the engine process is rank 0 of a tensor-parallel group:
 it starts ranks 1..N-1 before loading, and each of its steps is mirrored by them
 (omniwalk/tensor_parallel_ranks.py); they exit when it does.

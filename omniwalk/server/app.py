@@ -2,6 +2,8 @@
 
     build_app(engine) -> FastAPI      routes, error handling, metrics of one engine
     serve(args)                       `omniwalk serve`: bind the port, start the engine, run uvicorn
+                                      (`--api-server-count N` > 1: api_servers.py supervises N API
+                                      processes, each `run_server` on the shared socket)
 
 Routes:
 
@@ -36,7 +38,9 @@ the submit runs on a frontend thread (tokenizing, chat templates, media and audi
 and the body's size and pace; connections are uvicorn's h11 protocol with a header timeout
 and a connection cap (connections.py); the limits are one `ServerLimits` (limits.py).
 If the engine process dies, the requests in flight end with an error at once and the
-server stays up answering 503 (/health too) until it is restarted.
+server stays up answering 503 (/health too) until it is restarted. With
+`--api-server-count N` there are N such API processes on one port and one engine process
+(api_servers.py); each answers /metrics from its own request counters.
 
 Errors are answered in the OpenAI envelope {"error": {"message", "type", "param", "code"}}
 with the HTTP status in `code`: 400 bad values (the engine's ValueError message, in the

@@ -12,6 +12,10 @@ series), so one dashboard can chart several servers. Two kinds of values:
   requests in flight, KV cache pages used and free, engine steps and preemptions (the
   loop's last `LoopStats`, which the engine process sends with each step's outputs).
 
+With `omniwalk serve --api-server-count N` each API process has its own registry: a
+scrape reaches one of them and sees that process's requests (events, in flight) and the
+one engine's state; sum the per-request series over the N processes for the server's.
+
 Definitions (measured at the server, on the asyncio side, when a chunk arrives):
 
     TTFT  = time the first token ids reached the server - time the HTTP request was accepted
