@@ -31,12 +31,15 @@ within 10 s.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -79,10 +82,11 @@ class ApiServer:
         self.lifeline = lifeline
 
     @classmethod
-    def start(cls, index: int, args, listen: socket.socket, engine_end: socket.socket) -> "ApiServer":
+    def start(cls, index: int, args, listen: socket.socket, engine_end: socket.socket,
+              env: dict[str, str]) -> "ApiServer":
         lifeline, theirs = Channel.pair()
         fds = [theirs.fileno(), listen.fileno(), engine_end.fileno()]
-        process = subprocess.Popen([sys.executable, "-c", API_ENTRY, str(theirs.fileno())], pass_fds=fds)
+        process = subprocess.Popen([sys.executable, "-c", API_ENTRY, str(theirs.fileno())], pass_fds=fds, env=env)
         theirs.close()
         engine_end.close()   # the API process's now: its end of file must reach the engine
         server = cls(index, process, lifeline)
@@ -115,7 +119,6 @@ class ApiServer:
 def serve_api_servers(args) -> int:
     """`omniwalk serve --api-server-count N`: the supervisor. The exit status: 0 after
     SIGINT/SIGTERM, 1 when an API process died."""
-    from omniwalk.loading import read_model
     from omniwalk.server.app import bind_socket, serve_options
 
     count = args.api_server_count
@@ -125,11 +128,32 @@ def serve_api_servers(args) -> int:
         raise ValueError(f"--api-server-count {count} needs the engine process: drop --no-engine-process")
     options = serve_options(args)   # bad flags fail before the model loads
     listen = bind_socket(options.host, options.port)
+    with _metrics_folder() as env:
+        return _start_and_supervise(args, count, options, listen, env)
+
+
+@contextlib.contextmanager
+def _metrics_folder():
+    """The API processes' environment: a fresh folder where they keep their metrics, so that
+    each one's /metrics sums them all (omniwalk/server/metrics.py); removed at the end (a
+    folder of an earlier run would add its counts)."""
+    from omniwalk.server.metrics import MULTIPROCESS_DIR_ENV
+
+    folder = tempfile.mkdtemp(prefix="omniwalk-metrics-")
+    try:
+        yield {**os.environ, MULTIPROCESS_DIR_ENV: folder}
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _start_and_supervise(args, count: int, options, listen: socket.socket, env: dict[str, str]) -> int:
+    from omniwalk.loading import read_model
+
     servers: list[ApiServer] = []
     try:
         read_model(options.engine_args)   # a bad model name fails before any process starts
         pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(count)]
-        servers = [ApiServer.start(i, args, listen, api_end) for i, (api_end, _) in enumerate(pairs)]
+        servers = [ApiServer.start(i, args, listen, api_end, env) for i, (api_end, _) in enumerate(pairs)]
         try:
             engine = EngineProcess(options.engine_args, api_fds=tuple(end.fileno() for _, end in pairs))
         finally:

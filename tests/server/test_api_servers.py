@@ -88,12 +88,16 @@ def test_two_api_processes_stream_from_one_engine(server):
         with ThreadPoolExecutor(8) as pool:
             # The kernel hands each new connection to whichever API process accepts first: a
             # round of 8 may all go to one; 5 rounds that never reach the other mean it serves nothing.
-            for _ in range(5):
+            for rounds in range(5):
                 assert list(pool.map(chat, [True] * 8)) == [expected] * 8
                 served = set(re.findall(r"api (\d) uvicorn\.access: .* \"POST /v1/chat/completions", "".join(server.lines)))
                 if served == {"0", "1"}:
                     break
         assert served == {"0", "1"}, f"only api {served} served requests"
+    # whichever API process answers, its request counters are the sum over both
+    sent = 1 + 8 * (rounds + 1)
+    metrics = httpx.get(server.url + "/metrics").text
+    assert f'omniwalk_requests_total{{model_name="tiny-qwen3",outcome="length"}} {sent}.0' in metrics, metrics
 
 
 def test_second_serve_on_the_busy_port_fails_before_loading(server):
