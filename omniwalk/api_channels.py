@@ -31,14 +31,13 @@ from __future__ import annotations
 import itertools
 import logging
 import queue
-import socket
 import threading
 import time
 from dataclasses import replace
 
-from omniwalk.ipc import Channel, ChannelClosed
+from omniwalk.ipc import Channel
 from omniwalk.messages import (
-    Abort, AddRequest, EngineOutput, Inspect, InspectResult, LoopStats, Shutdown, StepOutputs,
+    Abort, AddRequest, EngineOutput, Inspect, InspectResult, Shutdown, StepOutputs,
 )
 from omniwalk.runtime import FinishReason, RequestOutput
 
@@ -68,11 +67,7 @@ class ApiChannels:
         from omniwalk.engine_loop import EngineLoop
 
         self.inbox = inbox
-        self.links = []
-        for index, fd in enumerate(fds):
-            sock = socket.socket(fileno=fd)
-            sock.set_inheritable(False)
-            self.links.append(_Link(index, Channel(sock)))
+        self.links = [_Link(index, Channel.inherited(fd)) for index, fd in enumerate(fds)]
         self.owner: dict[str, _Link] = {}                        # request id -> its API process
         self.inspections: dict[int, tuple[_Link, int]] = {}      # our token -> (asker, its token)
         self._tokens = itertools.count()
@@ -147,15 +142,10 @@ class ApiChannels:
 
     def _read(self, link: _Link) -> None:
         """Input thread i: API process i's commands into the loop's inbox until it leaves."""
-        channel, left = link.channel, "is gone"
-        while True:
-            try:
-                command = channel.recv()
-            except ChannelClosed:
-                break
-            except Exception:   # one command that does not unpickle: the loop goes on
-                logger.exception("could not read a command of api %d", link.index)
-                continue
+        from omniwalk.engine_process import commands
+
+        left = "is gone"
+        for command in commands(link.channel):
             if isinstance(command, Shutdown):   # its server stops; only the supervisor stops the engine
                 left = "left"
                 break

@@ -32,14 +32,16 @@ import logging
 import os
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
+from typing import Iterator
 
 from omniwalk.ipc import Channel, ChannelClosed
-from omniwalk.logs import ENGINE_LOG_FORMAT, configure_logging, run_child_process
+from omniwalk.logs import (
+    ENGINE_LOG_FORMAT, configure_logging, run_child_process, send_parent_context, take_parent_context,
+)
 from omniwalk.messages import (
     EngineCommand, EngineOutput, EngineReady, EngineSetup, InspectResult, LoopFailed, ModelInfo, Shutdown,
     StartFailed, StepOutputs,
@@ -133,7 +135,7 @@ class EngineProcess(EngineConnection):
         theirs.close()
         logger.info("engine process %d started; loading %s", self.process.pid, args.model)
         try:
-            channel.send((list(sys.path), logging.getLogger().getEffectiveLevel()))
+            send_parent_context(channel)
             channel.send(EngineSetup(args, tuple(runtime_registered_families()), api_fds))
             super().__init__(channel, self._wait_until_ready(channel))
         except BaseException:   # a load that failed, or Ctrl-C during it: leave no process behind
@@ -209,10 +211,8 @@ def main(fd: int) -> int:
     """Set up from the API process's messages, load, serve until `Shutdown` or the API
     process's end; the exit status (0, or 1 when loading failed or the loop died)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the API process stops us in order
-    sock = socket.socket(fileno=fd)
-    sock.set_inheritable(False)                      # no child of ours may hold it open
-    channel = Channel(sock)
-    sys.path[:], level = channel.recv()              # the API process's: its families and test helpers import
+    channel = Channel.inherited(fd)
+    level = take_parent_context(channel)
     configure_logging(level, ENGINE_LOG_FORMAT)
     setup: EngineSetup = channel.recv()
 
@@ -301,20 +301,24 @@ def _register_families(families: tuple[tuple[str, str], ...]) -> None:
             registry.register(family)
 
 
-def _read_commands(channel: Channel, inbox) -> None:
-    """The input thread: commands into the loop's inbox until the API process goes away."""
+def commands(channel: Channel) -> Iterator[EngineCommand]:
+    """The commands that arrive on `channel`, until its end of file."""
     while True:
         try:
-            command = channel.recv()
+            yield channel.recv()
         except ChannelClosed:
-            break
+            return
         except Exception:   # one command that does not unpickle: the loop goes on
             logger.exception("could not read a command")
-            continue
+
+
+def _read_commands(channel: Channel, inbox) -> None:
+    """The input thread: commands into the loop's inbox until the API process goes away."""
+    for command in commands(channel):
         inbox.put(command)
         if isinstance(command, Shutdown):   # an orderly stop: the main thread ends the process
             return
-    logger.warning("the API process is gone: stopping")
+    logger.warning("the server process that started this one is gone: stopping")
     inbox.put(Shutdown())
     # the loop may be mid-step or still loading: leave in any case
     threading.Timer(ORPHAN_EXIT_S, os._exit, args=(1,)).start()

@@ -29,6 +29,18 @@ def configure_logging(level: int | str = logging.INFO, fmt: str = LOG_FORMAT) ->
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
+def send_parent_context(channel, level: int | None = None) -> None:
+    """What a child process (python -c ...) takes from its parent before anything else: its
+    `sys.path` (run-time families and test helpers import there too) and log level."""
+    channel.send((list(sys.path), logging.getLogger().getEffectiveLevel() if level is None else level))
+
+
+def take_parent_context(channel) -> int:
+    """In the child: the parent's `sys.path` becomes ours; returns its log level."""
+    sys.path[:], level = channel.recv()
+    return level
+
+
 def run_child_process(main: Callable[[int], int], fd: int, what: str) -> None:
     """A child process's entry point (the engine process, a tensor-parallel rank): `main(fd)`,
     its failure logged, the logs flushed, then an exit that skips the interpreter's teardown

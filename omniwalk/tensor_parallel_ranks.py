@@ -40,7 +40,9 @@ import time
 from dataclasses import dataclass
 
 from omniwalk.ipc import Channel, ChannelClosed
-from omniwalk.logs import configure_logging, labelled_format, run_child_process
+from omniwalk.logs import (
+    configure_logging, labelled_format, run_child_process, send_parent_context, take_parent_context,
+)
 from omniwalk.messages import EngineCommand, EngineSetup, StartFailed
 
 logger = logging.getLogger(__name__)
@@ -121,7 +123,7 @@ class Ranks:
                 theirs.close()
                 ranks.processes.append(process)
                 ranks.channels.append(ours)
-                ours.send((list(sys.path), log_level))
+                send_parent_context(ours, log_level)
                 ours.send(RankSetup(setup, rank, size, port, ranks.check_outputs))
             logger.info("tensor parallel: ranks 1..%d started (pids %s); joining on 127.0.0.1:%d", size - 1,
                         ", ".join(str(p.pid) for p in ranks.processes), port)
@@ -240,10 +242,8 @@ def rank_main(fd: int) -> int:
     """Join the group, load this rank's shard, then mirror rank 0's steps until its socket
     closes (0) or a step fails (1: a collective raised, rank 0 is gone or stuck)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # rank 0 (and the API process) stop us in order
-    sock = socket.socket(fileno=fd)
-    sock.set_inheritable(False)
-    channel = Channel(sock)
-    sys.path[:], level = channel.recv()
+    channel = Channel.inherited(fd)
+    level = take_parent_context(channel)
     rank_setup: RankSetup = channel.recv()
     # its lines say which rank wrote them ("... INFO rank 1 omniwalk.loading: ...")
     configure_logging(level, labelled_format(f"rank {rank_setup.rank}"))

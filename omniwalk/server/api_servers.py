@@ -46,8 +46,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from omniwalk.engine_process import EngineConnection, EngineProcess, exit_description
-from omniwalk.ipc import Channel, ChannelClosed
-from omniwalk.logs import configure_logging, labelled_format, run_child_process
+from omniwalk.ipc import Channel, ChannelClosed, inherited_socket
+from omniwalk.logs import (
+    configure_logging, labelled_format, run_child_process, send_parent_context, take_parent_context,
+)
 from omniwalk.messages import ModelInfo
 
 logger = logging.getLogger(__name__)
@@ -90,8 +92,11 @@ class ApiServer:
         theirs.close()
         engine_end.close()   # the API process's now: its end of file must reach the engine
         server = cls(index, process, lifeline)
-        server.tell((list(sys.path), logging.getLogger().getEffectiveLevel()))
-        server.tell(ApiServerSetup(index, args, listen.fileno(), fds[2]))
+        try:
+            send_parent_context(lifeline)
+            lifeline.send(ApiServerSetup(index, args, listen.fileno(), fds[2]))
+        except ChannelClosed:   # it died at once: the supervisor sees its exit status
+            pass
         return server
 
     def tell(self, message) -> None:
@@ -233,16 +238,11 @@ def run_api_server(fd: int) -> None:
 
 
 def _main(fd: int) -> int:
-    lifeline_socket = socket.socket(fileno=fd)
-    lifeline_socket.set_inheritable(False)
-    lifeline = Channel(lifeline_socket)
-    sys.path[:], level = lifeline.recv()
+    lifeline = Channel.inherited(fd)
+    level = take_parent_context(lifeline)
     setup: ApiServerSetup = lifeline.recv()
     configure_logging(level, labelled_format(f"api {setup.index}"))
-    listen = socket.socket(fileno=setup.listen_fd)
-    engine_end = socket.socket(fileno=setup.engine_fd)
-    for sock in (listen, engine_end):
-        sock.set_inheritable(False)
+    listen, engine_end = inherited_socket(setup.listen_fd), inherited_socket(setup.engine_fd)
 
     from omniwalk.api import Engine
     from omniwalk.server.app import run_server, serve_options
