@@ -152,11 +152,11 @@ def _metrics_folder():
 
 
 def _start_and_supervise(args, count: int, options, listen: socket.socket, env: dict[str, str]) -> int:
-    from omniwalk.loading import read_model
+    from omniwalk.loading import resolve_family
 
     servers: list[ApiServer] = []
     try:
-        read_model(options.engine_args)   # a bad model name fails before any process starts
+        resolve_family(options.engine_args)   # a bad model name fails before any process starts
         pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(count)]
         servers = [ApiServer.start(i, args, listen, api_end, env) for i, (api_end, _) in enumerate(pairs)]
         try:

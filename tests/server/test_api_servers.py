@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from processes import descendants, start_serve, wait_gone, wait_healthy
+from processes import descendants, free_port, start_serve, wait_gone, wait_healthy
 
 from omniwalk.cli import main
 
@@ -108,9 +108,11 @@ def test_second_serve_on_the_busy_port_fails_before_loading(server):
     assert "engine process" not in second.stderr and "loaded" not in second.stderr   # nothing started
 
 
-def test_api_server_count_needs_the_engine_process(capsys):
+def test_bad_flags_fail_before_any_process_starts(capsys):
     assert main(["serve", "--api-server-count", "2", "--no-engine-process"]) == 2
     assert "--api-server-count 2 needs the engine process" in capsys.readouterr().err
+    assert main(["serve", "nowhere", "--api-server-count", "2", "--port", str(free_port())]) == 2
+    assert "unknown model 'nowhere'" in capsys.readouterr().err
 
 
 def test_sigterm_stops_every_process(server):
