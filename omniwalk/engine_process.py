@@ -40,7 +40,7 @@ from typing import Iterator
 
 from omniwalk.ipc import Channel, ChannelClosed
 from omniwalk.logs import (
-    ENGINE_LOG_FORMAT, configure_logging, run_child_process, send_parent_context, take_parent_context,
+    ENGINE_LOG_FORMAT, configure_logging, parent_context, run_child_process, take_parent_context,
 )
 from omniwalk.messages import (
     EngineCommand, EngineOutput, EngineReady, EngineSetup, InspectResult, LoopFailed, ModelInfo, Shutdown,
@@ -135,7 +135,7 @@ class EngineProcess(EngineConnection):
         theirs.close()
         logger.info("engine process %d started; loading %s", self.process.pid, args.model)
         try:
-            send_parent_context(channel)
+            channel.send(parent_context())
             channel.send(EngineSetup(args, tuple(runtime_registered_families()), api_fds))
             super().__init__(channel, self._wait_until_ready(channel))
         except BaseException:   # a load that failed, or Ctrl-C during it: leave no process behind

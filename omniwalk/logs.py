@@ -29,10 +29,11 @@ def configure_logging(level: int | str = logging.INFO, fmt: str = LOG_FORMAT) ->
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
-def send_parent_context(channel, level: int | None = None) -> None:
-    """What a child process (python -c ...) takes from its parent before anything else: its
-    `sys.path` (run-time families and test helpers import there too) and log level."""
-    channel.send((list(sys.path), logging.getLogger().getEffectiveLevel() if level is None else level))
+def parent_context(level: int | None = None) -> tuple[list[str], int]:
+    """What a child process (python -c ...) takes from its parent before anything else, as
+    its first message: the parent's `sys.path` (run-time families and test helpers import
+    there too) and log level."""
+    return list(sys.path), logging.getLogger().getEffectiveLevel() if level is None else level
 
 
 def take_parent_context(channel) -> int:

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 from omniwalk.ipc import Channel, ChannelClosed
 from omniwalk.logs import (
-    configure_logging, labelled_format, run_child_process, send_parent_context, take_parent_context,
+    configure_logging, labelled_format, parent_context, run_child_process, take_parent_context,
 )
 from omniwalk.messages import EngineCommand, EngineSetup, StartFailed
 
@@ -123,7 +123,7 @@ class Ranks:
                 theirs.close()
                 ranks.processes.append(process)
                 ranks.channels.append(ours)
-                send_parent_context(ours, log_level)
+                ours.send(parent_context(log_level))
                 ours.send(RankSetup(setup, rank, size, port, ranks.check_outputs))
             logger.info("tensor parallel: ranks 1..%d started (pids %s); joining on 127.0.0.1:%d", size - 1,
                         ", ".join(str(p.pid) for p in ranks.processes), port)

@@ -48,7 +48,7 @@ from typing import Any
 from omniwalk.engine_process import EngineConnection, EngineProcess, exit_description
 from omniwalk.ipc import Channel, ChannelClosed, inherited_socket
 from omniwalk.logs import (
-    configure_logging, labelled_format, run_child_process, send_parent_context, take_parent_context,
+    configure_logging, labelled_format, parent_context, run_child_process, take_parent_context,
 )
 from omniwalk.messages import ModelInfo
 
@@ -92,11 +92,8 @@ class ApiServer:
         theirs.close()
         engine_end.close()   # the API process's now: its end of file must reach the engine
         server = cls(index, process, lifeline)
-        try:
-            send_parent_context(lifeline)
-            lifeline.send(ApiServerSetup(index, args, listen.fileno(), fds[2]))
-        except ChannelClosed:   # it died at once: the supervisor sees its exit status
-            pass
+        server.tell(parent_context())
+        server.tell(ApiServerSetup(index, args, listen.fileno(), fds[2]))
         return server
 
     def tell(self, message) -> None:
@@ -158,7 +155,8 @@ def _start_and_supervise(args, count: int, options, listen: socket.socket, env: 
     try:
         resolve_family(options.engine_args)   # a bad model name fails before any process starts
         pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(count)]
-        servers = [ApiServer.start(i, args, listen, api_end, env) for i, (api_end, _) in enumerate(pairs)]
+        for index, (api_end, _) in enumerate(pairs):
+            servers.append(ApiServer.start(index, args, listen, api_end, env))
         try:
             engine = EngineProcess(options.engine_args, api_fds=tuple(end.fileno() for _, end in pairs))
         finally:
