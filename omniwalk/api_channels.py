@@ -22,8 +22,10 @@ Why a writer thread per channel rather than one that demultiplexes: an API proce
 reads slowly (its interpreter busy tokenizing a long prompt, say) fills its socket buffer
 (4 MB) and blocks its writer; with one writer every other API process would wait behind it.
 The split itself runs on the loop thread, where the outputs are made: a dict lookup and an
-append per output (~15 us for a step of 128 outputs on the CPU host, against ~50 us for one
-more thread handoff), so it needs no thread of its own.
+append per output, 33 us (median) for a step of 128 outputs over 4 API processes on the CPU
+host, a few tenths of a percent of a decode step. A router thread would move that off the
+loop thread but not off the interpreter lock the two share, and add a wake-up per step (9 us
+median on the same host), so the split has no thread of its own.
 """
 
 from __future__ import annotations
