@@ -152,6 +152,10 @@ class Engine:
             self._core.stop(timeout=self.SHUTDOWN_TIMEOUT_S)
             raise
         index = getattr(self._core, "index", None)
+        # Several API processes share the loop's queue (max_num_seqs + max_queue): each admits
+        # its share, so together they never pass it (the loop would refuse the excess with an
+        # error, not a 429); a share fills early when the connections are spread unevenly.
+        self.max_in_flight = max(1, (args.max_num_seqs + args.max_queue) // getattr(self._core, "api_servers", 1))
         # several API processes: ids and seeds of their own (one engine serves them all)
         self._id_prefix = "req-" if index is None else f"req-api{index}-"
         self._seeds = random.Random(args.seed if index is None else f"{args.seed}/api{index}")
@@ -240,7 +244,7 @@ class Engine:
             self._check_running()
             if request.request_id in self._in_flight:
                 raise ValueError(f"duplicate request id {request.request_id!r}")
-            if len(self._in_flight) >= self.args.max_num_seqs + self.args.max_queue:
+            if len(self._in_flight) >= self.max_in_flight:
                 raise QueueFullError(f"server full: {len(self._in_flight)} requests in flight")
             self._in_flight[request.request_id] = (prepared.processor, stream)
         try:

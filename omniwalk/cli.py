@@ -157,8 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
                             f"(default: ${API_KEY_ENV}, else none: the server is open)")
     serve.add_argument("--api-server-count", "-asc", type=int, default=1, metavar="N",
                        help="API processes (HTTP, tokenization, detokenization) in front of the one engine "
-                            "process, sharing the port (vLLM's flag; N > 1 needs --engine-process; /metrics' "
-                            "request counters are then each API process's own) (default: %(default)s)")
+                            "process, sharing the port (vLLM's flag; N > 1 needs --engine-process; each admits its "
+                            "share of --max-num-seqs + --max-queue) (default: %(default)s)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                        help="uvicorn's log level (omniwalk's own lines stay at info)")
     serve.add_argument("--disable-log-stats", action="store_true",

@@ -66,12 +66,13 @@ class EngineConnection:
     """An engine process seen through one channel of its own: commands out, outputs in. The
     process belongs to someone else: an API process of `omniwalk serve --api-server-count N`
     (omniwalk/server/api_servers.py), whose supervisor started it. `index`: which API process
-    this is (None: the only one)."""
+    this is (None: the only one); `api_servers`: N."""
 
-    def __init__(self, channel: Channel, info: ModelInfo, index: int | None = None):
+    def __init__(self, channel: Channel, info: ModelInfo, index: int | None = None, api_servers: int = 1):
         self.channel = channel
         self.info = info
         self.index = index
+        self.api_servers = api_servers
         self._unreadable: str | None = None
         self._closed = False
 

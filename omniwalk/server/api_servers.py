@@ -251,7 +251,7 @@ def _main(fd: int) -> int:
         except ChannelClosed:   # the supervisor is gone before the engine was ready: nothing to stop
             os._exit(1)
         threading.Thread(target=_watch_supervisor, args=(lifeline,), name="omniwalk-lifeline", daemon=True).start()
-        return EngineConnection(Channel(engine_end), info, setup.index)
+        return EngineConnection(Channel(engine_end), info, setup.index, setup.args.api_server_count)
 
     options = serve_options(setup.args, warn=False)
     engine = Engine(options.engine_args, connect=connect)

@@ -40,7 +40,7 @@ and a connection cap (connections.py); the limits are one `ServerLimits` (limits
 If the engine process dies, the requests in flight end with an error at once and the
 server stays up answering 503 (/health too) until it is restarted. With
 `--api-server-count N` there are N such API processes on one port and one engine process
-(api_servers.py); each answers /metrics from its own request counters.
+(api_servers.py); /metrics sums the request series of all of them (metrics.py).
 
 Errors are answered in the OpenAI envelope {"error": {"message", "type", "param", "code"}}
 with the HTTP status in `code`: 400 bad values (the engine's ValueError message, in the
