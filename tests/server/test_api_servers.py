@@ -1,10 +1,12 @@
 """`omniwalk serve --api-server-count 2`: two API processes over one engine process, started as
 a user starts them. One server serves the positive checks and is stopped by SIGTERM last; a
-second one has its engine, then an API process, killed."""
+second one has its engine, then its supervisor, killed. What the supervisor does when an API
+process dies is checked on stand-in processes."""
 
 from __future__ import annotations
 
 import json
+import logging
 import re
 import signal
 import subprocess
@@ -19,6 +21,8 @@ import pytest
 from processes import descendants, free_port, start_serve, wait_gone, wait_healthy
 
 from omniwalk.cli import main
+from omniwalk.ipc import Channel
+from omniwalk.server.api_servers import ApiServer, Supervisor
 
 SERVE = ("--api-server-count", "2", "--kv-cache-tokens", "2048")
 MESSAGES = [{"role": "user", "content": "Tell me a story."}]
@@ -126,10 +130,10 @@ def test_sigterm_stops_every_process(server):
     assert re.search(r"engine process \d+ stopped \(exit status 0\)", output), output
 
 
-def test_killed_engine_ends_every_stream_then_a_killed_api_process_stops_the_server():
+def test_killed_engine_ends_every_stream_and_a_killed_supervisor_leaves_no_process():
     """SIGKILL to the engine process mid-stream: every open stream ends with an error within
-    5 s and /health answers 503 from the API processes. Then SIGKILL to an API process: the
-    supervisor says which died and how, stops the rest and exits 1."""
+    5 s and /health answers 503 from the API processes. Then SIGKILL to the supervisor: its
+    API processes see their lifelines close and exit."""
     server = Server()
     try:
         engine, apis = server.roles()
@@ -159,11 +163,32 @@ def test_killed_engine_ends_every_stream_then_a_killed_api_process_stops_the_ser
             health = httpx.get(server.url + "/health", headers={"Connection": "close"})
             assert health.status_code == 503 and health.json()["status"] == "dead"
 
-        subprocess.run(["kill", "-KILL", str(apis[1])], check=True)
-        assert server.process.wait(timeout=10) == 1
-        assert not wait_gone(server.children, timeout=10), "a process outlived `omniwalk serve`"
+        server.process.kill()
+        assert not wait_gone(server.children, timeout=10), "an API process outlived its supervisor"
         output = server.output()
         assert f"engine process {engine} was killed by SIGKILL" in output
-        assert f"api 1 (pid {apis[1]}) was killed by SIGKILL: stopping the server" in output
+        assert output.count("the server's supervisor is gone: stopping") == 2
     finally:
         server.close()
+
+
+class _Stopped:
+    """An engine process stand-in for the supervisor: a process that stops when asked."""
+
+    def __init__(self):
+        self.process = subprocess.Popen(["sleep", "60"])
+
+    def stop(self, timeout: float) -> None:
+        self.process.terminate()
+        self.process.wait()
+
+
+def test_supervisor_stops_everything_and_exits_1_when_an_api_process_dies(caplog):
+    """(Stand-ins for the children: the supervisor only watches processes.)"""
+    engine = _Stopped()
+    servers = [ApiServer(i, subprocess.Popen(["sleep", "60"]), Channel.pair()[0]) for i in range(3)]
+    servers[1].process.kill()
+    with caplog.at_level(logging.INFO, logger="omniwalk.server.api_servers"):
+        assert Supervisor(engine, servers).run() == 1
+    assert f"api 1 (pid {servers[1].process.pid}) was killed by SIGKILL: stopping the server" in caplog.text
+    assert all(server.process.poll() is not None for server in servers) and engine.process.poll() is not None
