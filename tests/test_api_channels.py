@@ -25,6 +25,8 @@ def wired():
     inbox = Inbox()
     channels = ApiChannels(tuple(theirs.detach() for _, theirs in pairs), inbox)
     channels.start()
+    for ours, _ in pairs:
+        ours.settimeout(5)   # a message that never comes fails the test (ChannelClosed) instead of hanging it
     apis = [Channel(ours) for ours, _ in pairs]
     yield channels, inbox, apis
     channels.close(timeout=2)
@@ -63,12 +65,14 @@ def test_outputs_go_to_their_api_process_and_stats_to_all(wired):
 def test_an_inspection_answers_who_asked(wired):
     channels, inbox, (api0, api1) = wired
     api0.send(Inspect(7, len))
+    asked_by_0 = inbox.commands.get(timeout=5)
     api1.send(Inspect(7, len))
-    first, second = inbox.commands.get(timeout=5), inbox.commands.get(timeout=5)
-    assert first.token != second.token   # each API process numbers its own: renumbered
-    asked_by_1 = second if first.token < second.token else first
+    asked_by_1 = inbox.commands.get(timeout=5)
+    assert asked_by_0.token != asked_by_1.token   # each API process numbers its own: renumbered
     channels.send(InspectResult(asked_by_1.token, value="for api 1"))
+    channels.send(InspectResult(asked_by_0.token, value="for api 0"))
     assert api1.recv() == InspectResult(7, value="for api 1")
+    assert api0.recv() == InspectResult(7, value="for api 0")
 
 
 def test_an_id_in_flight_elsewhere_is_refused_and_a_leaving_api_process_loses_its_requests(wired):
