@@ -151,12 +151,12 @@ class Engine:
         except BaseException:   # leave no engine process behind
             self._core.stop(timeout=self.SHUTDOWN_TIMEOUT_S)
             raise
-        index = getattr(self._core, "index", None)
-        # Several API processes share the loop's queue (max_num_seqs + max_queue): each admits
-        # its share, so together they never pass it (the loop would refuse the excess with an
-        # error, not a 429); a share fills early when the connections are spread unevenly.
-        self.max_in_flight = max(1, (args.max_num_seqs + args.max_queue) // getattr(self._core, "api_servers", 1))
-        # several API processes: ids and seeds of their own (one engine serves them all)
+        # Several API processes over one engine (`omniwalk serve --api-server-count N`): ids and
+        # seeds of their own, and each its share of the loop's queue (max_num_seqs + max_queue),
+        # so that together they never pass it (the loop would refuse the excess with an error,
+        # not a 429); a share fills early when the connections are spread unevenly.
+        index, shares = getattr(self._core, "index", None), getattr(self._core, "api_servers", 1)
+        self.max_in_flight = max(1, (args.max_num_seqs + args.max_queue) // shares)
         self._id_prefix = "req-" if index is None else f"req-api{index}-"
         self._seeds = random.Random(args.seed if index is None else f"{args.seed}/api{index}")
         self._ids = itertools.count()
