@@ -37,7 +37,7 @@ class Server:
         self.lines: list[str] = []
         self._reader = threading.Thread(target=lambda: self.lines.extend(self.process.stdout), daemon=True)
         self._reader.start()
-        wait_healthy(self.process, self.url)
+        wait_healthy(self.process, self.url, timeout=120)   # four interpreters start: slower on a busy CPU
         self.children = descendants(self.process.pid)
 
     def roles(self) -> tuple[int, list[int]]:
