@@ -44,7 +44,7 @@ from omniwalk.capabilities.text import (
 )
 from omniwalk.engine.sampler import SamplingParams
 from omniwalk.engine_loop import GC_YOUNG_THRESHOLD, EngineThread, quiet_gc
-from omniwalk.engine_process import EngineProcess
+from omniwalk.engine_process import EngineConnection, EngineProcess
 from omniwalk.ipc import ChannelClosed
 from omniwalk.loading import EngineArgs, LoadedModel, load_model, loaded_model, read_model
 from omniwalk.messages import Abort, AddRequest, Inspect, InspectResult, LoopFailed, LoopStats, StepOutputs
@@ -126,15 +126,19 @@ class Engine:
     GC_YOUNG_THRESHOLD = GC_YOUNG_THRESHOLD
     SHUTDOWN_TIMEOUT_S = 5.0   # for the loop to stop after its step, before it is killed
 
-    def __init__(self, args: EngineArgs = EngineArgs(), loaded: LoadedModel | None = None):
+    def __init__(self, args: EngineArgs = EngineArgs(), loaded: LoadedModel | None = None,
+                 connect: Callable[[EngineArgs], EngineConnection] | None = None):
+        """`connect(args)`: serve from an engine process someone else starts, through the
+        channel it returns once the process is ready (an API process of `omniwalk serve
+        --api-server-count N`), instead of starting one; called after the model's files are read."""
         self.args = args
-        self._core: EngineThread | EngineProcess
-        if args.engine_process:
+        self._core: EngineThread | EngineConnection
+        if args.engine_process or connect is not None:
             if loaded is not None:
                 raise ValueError("an engine process loads its model itself: pass EngineArgs alone "
                                  "(or engine_process=False)")
             ctx = read_model(args)   # what the frontends need, without the weights; a bad name fails here
-            self._core = EngineProcess(args)
+            self._core = (connect or EngineProcess)(args)
             info = self._core.info
             self.loaded = replace(loaded_model(ctx, info.max_model_len, info.kv_capacity_tokens),
                                   device=torch.device(info.device), dtype=getattr(torch, info.dtype))
@@ -147,7 +151,14 @@ class Engine:
         except BaseException:   # leave no engine process behind
             self._core.stop(timeout=self.SHUTDOWN_TIMEOUT_S)
             raise
-        self._seeds = random.Random(args.seed)
+        # Several API processes over one engine (`omniwalk serve --api-server-count N`): ids and
+        # seeds of their own, and each its share of the loop's queue (max_num_seqs + max_queue),
+        # so that together they never pass it (the loop would refuse the excess with an error,
+        # not a 429); a share fills early when the connections are spread unevenly.
+        index, shares = getattr(self._core, "index", None), getattr(self._core, "api_servers", 1)
+        self.max_in_flight = max(1, (args.max_num_seqs + args.max_queue) // shares)
+        self._id_prefix = "req-" if index is None else f"req-api{index}-"
+        self._seeds = random.Random(args.seed if index is None else f"{args.seed}/api{index}")
         self._ids = itertools.count()
         self._in_flight: dict[str, tuple[OutputProcessor, RequestStream]] = {}
         self._inspections: dict[int, Future] = {}
@@ -182,17 +193,17 @@ class Engine:
 
     @property
     def in_engine_process(self) -> bool:
-        return isinstance(self._core, EngineProcess)
+        return isinstance(self._core, EngineConnection)
 
     @property
     def engine_pid(self) -> int | None:
         """The engine process's id (None: the loop runs on a thread of this process)."""
-        return self._core.process.pid if isinstance(self._core, EngineProcess) else None
+        return self._core.info.pid if isinstance(self._core, EngineConnection) else None
 
     @property
     def rank_pids(self) -> tuple[int, ...]:
         """Tensor parallel: the processes of ranks 1..N-1 (the engine process is rank 0)."""
-        return self._core.info.rank_pids if isinstance(self._core, EngineProcess) else ()
+        return self._core.info.rank_pids if isinstance(self._core, EngineConnection) else ()
 
     @property
     def worker_pids(self) -> tuple[int, ...]:
@@ -218,7 +229,7 @@ class Engine:
         return self._enqueue(prepared, loop)
 
     def new_request_id(self) -> str:
-        return f"req-{next(self._ids)}"
+        return f"{self._id_prefix}{next(self._ids)}"
 
     def draw_seed(self) -> int:
         """A seed for a request that brought none (reproducible from the engine's seed)."""
@@ -238,7 +249,7 @@ class Engine:
             self._check_running()
             if request.request_id in self._in_flight:
                 raise ValueError(f"duplicate request id {request.request_id!r}")
-            if len(self._in_flight) >= self.args.max_num_seqs + self.args.max_queue:
+            if len(self._in_flight) >= self.max_in_flight:
                 raise QueueFullError(f"server full: {len(self._in_flight)} requests in flight")
             self._in_flight[request.request_id] = (prepared.processor, stream)
         try:

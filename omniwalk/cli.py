@@ -160,6 +160,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--api-key", default=api_key_from_env(), metavar="KEY",
                        help=f"every route but /health answers 401 without 'Authorization: Bearer KEY' "
                             f"(default: ${API_KEY_ENV}, else none: the server is open)")
+    serve.add_argument("--api-server-count", "-asc", type=int, default=1, metavar="N",
+                       help="API processes (HTTP, tokenization, detokenization) in front of the one engine "
+                            "process, sharing the port (vLLM's flag; N > 1 needs --engine-process; each admits its "
+                            "share of --max-num-seqs + --max-queue) (default: %(default)s)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                        help="uvicorn's log level (omniwalk's own lines stay at info)")
     serve.add_argument("--disable-log-stats", action="store_true",
@@ -215,8 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "serve":
             from omniwalk.server.app import serve
-            serve(args)
-            return 0
+            return serve(args)
         if args.command == "bench":
             from omniwalk.bench.cli import run_bench
             return run_bench(args, sys.argv[1:] if argv is None else argv)

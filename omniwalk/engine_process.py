@@ -16,6 +16,11 @@ exits too, so none outlives its server. It ignores SIGINT (a Ctrl-C reaches the 
 process group; the API process shuts it down in order). The API process learns of the
 engine's death the same way: end of file, then the exit status.
 
+With `omniwalk serve --api-server-count N` (N > 1) the process that starts the engine
+process is a supervisor: the channel above only sets up and stops the engine, and each of N
+API processes talks to it over a channel of its own (`EngineConnection` on their side,
+omniwalk/api_channels.py on this one; omniwalk/server/api_servers.py starts them all).
+
 With `tensor_parallel_size` N > 1 the engine process is rank 0 of a tensor-parallel group:
 it starts ranks 1..N-1 before loading, and each of its steps is mirrored by them
 (omniwalk/tensor_parallel_ranks.py); they exit when it does. With a placement of several
@@ -32,6 +37,7 @@ import signal
 import subprocess
 import threading
 import time
+from typing import Iterator
 
 from omniwalk.ipc import Channel, ChannelClosed
 from omniwalk.logs import ENGINE_LOG_FORMAT, configure_logging, run_child_process
@@ -56,32 +62,19 @@ class EngineStartError(RuntimeError):
 # ----------------------------------------------------------------------------- the API side
 
 
-class EngineProcess:
-    """The engine process, seen from the API process: starts it, waits until it has loaded
-    the model (`info`), then sends commands and receives outputs over one socket."""
+class EngineConnection:
+    """An engine process seen through one channel of its own: commands out, outputs in. The
+    process belongs to someone else: an API process of `omniwalk serve --api-server-count N`
+    (omniwalk/server/api_servers.py), whose supervisor started it. `index`: which API process
+    this is (None: the only one); `api_servers`: N."""
 
-    def __init__(self, args):
-        from omniwalk.models.registry import runtime_registered_families
-
+    def __init__(self, channel: Channel, info: ModelInfo, index: int | None = None, api_servers: int = 1):
+        self.channel = channel
+        self.info = info
+        self.index = index
+        self.api_servers = api_servers
         self._unreadable: str | None = None
-        started = time.perf_counter()
-        self.process, self.channel = spawn(ENTRY, logging.getLogger().getEffectiveLevel())
-        logger.info("engine process %d started; loading %s", self.process.pid, args.model)
-        try:
-            self.channel.send(EngineSetup(args, tuple(runtime_registered_families())))
-            self.info = self._wait_until_ready()
-        except BaseException:   # a load that failed, or Ctrl-C during it: leave no process behind
-            self._kill()
-            raise
-        logger.info("engine process %d ready in %.1f s", self.process.pid, time.perf_counter() - started)
-
-    def _wait_until_ready(self) -> ModelInfo:
-        message = first_answer(self.channel)
-        if isinstance(message, EngineReady):
-            return message.info
-        if isinstance(message, StartFailed):
-            raise EngineStartError(message.error)
-        raise EngineStartError(f"the engine process {self.exit_reason()} while loading the model")
+        self._closed = False
 
     def start(self) -> None:
         """Nothing to start: the process runs since it was made."""
@@ -95,12 +88,65 @@ class EngineProcess:
         try:
             return self.channel.recv()
         except ChannelClosed:
+            self._closed = True
             return None
         except Exception as exc:   # an output this process cannot unpickle: the protocol is broken
             logger.exception("could not read the engine process's output")
             self._unreadable = f"{type(exc).__name__}: {exc}"
-            self._kill()
+            self._drop()
             return None
+
+    def is_alive(self) -> bool:
+        return not self._closed
+
+    def exit_reason(self, wait_s: float = 2.0) -> str:
+        if self._unreadable is not None:
+            return f"sent an output this process cannot read ({self._unreadable}) and was dropped"
+        # not our child: its exit status is the supervisor's, which logs it
+        return f"(pid {self.info.pid}) closed its channel: it exited or was killed (the server's log says how)"
+
+    def stop(self, timeout: float) -> None:
+        """Leaves the engine process: it aborts this side's requests and serves the others."""
+        try:
+            self.channel.send(Shutdown())
+        except ChannelClosed:   # it is gone already
+            pass
+        self.channel.close()
+
+    def _drop(self) -> None:
+        self._closed = True
+        self.channel.close()
+
+
+class EngineProcess(EngineConnection):
+    """The engine process, seen from the process that starts it: starts it, waits until it has
+    loaded the model (`info`), then sends commands and receives outputs over one socket.
+    `api_fds`: the engine's ends of the channels of N > 1 API processes (it inherits them;
+    close yours after), whose commands and outputs then cross there: this channel only sets
+    up and stops it (omniwalk/server/api_servers.py)."""
+
+    def __init__(self, args, api_fds: tuple[int, ...] = ()):
+        from omniwalk.models.registry import runtime_registered_families
+
+        self._unreadable = None   # (set again by EngineConnection once the process is ready)
+        started = time.perf_counter()
+        self.process, channel = spawn(ENTRY, logging.getLogger().getEffectiveLevel(), api_fds)
+        logger.info("engine process %d started; loading %s", self.process.pid, args.model)
+        try:
+            channel.send(EngineSetup(args, tuple(runtime_registered_families()), api_fds))
+            super().__init__(channel, self._wait_until_ready(channel))
+        except BaseException:   # a load that failed, or Ctrl-C during it: leave no process behind
+            self._kill()
+            raise
+        logger.info("engine process %d ready in %.1f s", self.process.pid, time.perf_counter() - started)
+
+    def _wait_until_ready(self, channel: Channel) -> ModelInfo:
+        message = first_answer(channel)
+        if isinstance(message, EngineReady):
+            return message.info
+        if isinstance(message, StartFailed):
+            raise EngineStartError(message.error)
+        raise EngineStartError(f"the engine process {self.exit_reason()} while loading the model")
 
     def is_alive(self) -> bool:
         return self.process.poll() is None
@@ -124,6 +170,9 @@ class EngineProcess:
             logger.warning("engine process %d did not stop within %.0f s: killing it", self.process.pid, timeout)
             self._kill()
         self.channel.close()
+
+    def _drop(self) -> None:
+        self._kill()
 
     def _kill(self) -> None:
         if self.process.poll() is None:
@@ -152,6 +201,12 @@ def main(fd: int) -> int:
     inbox = Inbox()
     threading.Thread(target=_read_commands, args=(channel, inbox), name="omniwalk-engine-input", daemon=True).start()
     outbox: queue.SimpleQueue[EngineOutput | None] = queue.SimpleQueue()
+    api_channels = None
+    if setup.api_fds:   # several API processes: each its own channel, the loop's outputs routed to them
+        from omniwalk.api_channels import ApiChannels
+
+        api_channels = ApiChannels(setup.api_fds, inbox)
+    send = api_channels.send if api_channels is not None else outbox.put
     ranks = workers = None
     try:
         _register_families(setup.families)
@@ -163,14 +218,14 @@ def main(fd: int) -> int:
             from omniwalk.tensor_parallel_ranks import Ranks
 
             ranks = Ranks.start(setup, level)
-        loaded, loop = _load(setup.args, outbox.put, inbox, ranks, workers)
+        loaded, loop = _load(setup.args, send, inbox, ranks, workers)
     except BaseException as exc:
         logger.exception("could not load %s", setup.args.model)
         _send_quietly(channel, StartFailed(f"{type(exc).__name__}: {exc}"))
         _stop(ranks, workers)
         return 1
     try:
-        return _serve(channel, setup, loaded, loop, inbox, outbox, ranks, workers)
+        return _serve(channel, setup, loaded, loop, inbox, outbox, ranks, workers, api_channels)
     finally:
         _stop(ranks, workers)   # end of file on their sockets: the other ranks and the workers exit
 
@@ -181,9 +236,10 @@ def _stop(*children) -> None:
             child.stop()
 
 
-def _serve(channel: Channel, setup: EngineSetup, loaded, loop, inbox, outbox: queue.SimpleQueue, ranks,
-           workers) -> int:
-    """Ready, then the loop until it stops; the exit status."""
+def _serve(channel: Channel, setup: EngineSetup, loaded, loop, inbox, outbox: queue.SimpleQueue, ranks, workers,
+           api_channels=None) -> int:
+    """Ready, then the loop until it stops; the exit status. `api_channels`: the loop's outputs
+    go to them (several API processes), not to `channel` (`outbox` stays empty)."""
     from omniwalk.engine_loop import quiet_gc
 
     cache = getattr(loaded.served, "cache", None)
@@ -193,6 +249,8 @@ def _serve(channel: Channel, setup: EngineSetup, loaded, loop, inbox, outbox: qu
                                        ranks.pids if ranks is not None else (),
                                        workers.pids if workers is not None else ())))
     quiet_gc()
+    if api_channels is not None:
+        api_channels.start()
     writer = threading.Thread(target=_write_outputs, args=(channel, outbox, inbox), name="omniwalk-engine-output",
                               daemon=True)
     writer.start()
@@ -204,6 +262,8 @@ def _serve(channel: Channel, setup: EngineSetup, loaded, loop, inbox, outbox: qu
     runner.join()
     outbox.put(None)
     writer.join(timeout=10)
+    if api_channels is not None:
+        api_channels.close()
     channel.close()
     return 1 if loop.error is not None else 0
 
@@ -232,20 +292,24 @@ def _register_families(families: tuple[tuple[str, str], ...]) -> None:
             registry.register(family)
 
 
-def _read_commands(channel: Channel, inbox) -> None:
-    """The input thread: commands into the loop's inbox until the API process goes away."""
+def commands(channel: Channel) -> Iterator[EngineCommand]:
+    """The commands that arrive on `channel`, until its end of file."""
     while True:
         try:
-            command = channel.recv()
+            yield channel.recv()
         except ChannelClosed:
-            break
+            return
         except Exception:   # one command that does not unpickle: the loop goes on
             logger.exception("could not read a command")
-            continue
+
+
+def _read_commands(channel: Channel, inbox) -> None:
+    """The input thread: commands into the loop's inbox until the API process goes away."""
+    for command in commands(channel):
         inbox.put(command)
         if isinstance(command, Shutdown):   # an orderly stop: the main thread ends the process
             return
-    logger.warning("the API process is gone: stopping")
+    logger.warning("the server process that started this one is gone: stopping")
     inbox.put(Shutdown())
     # the loop may be mid-step or still loading: leave in any case
     threading.Timer(ORPHAN_EXIT_S, os._exit, args=(1,)).start()

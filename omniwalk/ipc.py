@@ -58,6 +58,11 @@ class Channel:
                 pass
 
     @staticmethod
+    def inherited(fd: int) -> "Channel":
+        """The channel over a socket this process inherited as `fd`."""
+        return Channel(inherited_socket(fd))
+
+    @staticmethod
     def pair() -> tuple["Channel", socket.socket]:
         """(this process's end, the socket to hand to the other process)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -107,6 +112,14 @@ class Channel:
         except OSError:
             pass
         self.sock.close()
+
+
+def inherited_socket(fd: int) -> socket.socket:
+    """A socket this process inherited as `fd`, not passed on to its own children: once this
+    process is gone, nothing holds it open, and the peer reads end of file."""
+    sock = socket.socket(fileno=fd)
+    sock.set_inheritable(False)
+    return sock
 
 
 def encode(message: Any) -> list:

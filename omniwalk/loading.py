@@ -215,6 +215,24 @@ def read_model(args: EngineArgs) -> LoadContext:
     """Steps 1-2 of loading: the family, then config, tokenizer, EOS ids and what else the
     files say (`LoaderSpec.read_source`). Reads files only, so the API process of an engine
     in its own process runs it too, for its frontends; a bad model name fails here."""
+    family, folder = resolve_family(args)
+    device = resolve_device(args.device)
+    ctx = LoadContext(args, family, folder, device, resolve_dtype(args.dtype, device))
+    (family.loader.read_source or read_model_source)(ctx)
+    if _splits(args):
+        try:
+            family.tensor_parallel(ctx.config, args.tensor_parallel_size)
+        except ValueError as exc:
+            raise ValueError(f"{args.model}: {exc}") from None
+    if args.placement is not None:
+        check_placement(args.placement, ctx)
+    return ctx
+
+
+def resolve_family(args: EngineArgs):
+    """Step 1 of loading: (the model's family, its folder or None for a built-in); ValueError
+    for a name that is neither, or flags its family does not take. Cheap (a config.json at
+    most): what a process that loads nothing itself checks first."""
     from omniwalk.models.registry import BUILTIN_MODELS, FAMILIES, family_for_hf_config
 
     if args.model in BUILTIN_MODELS:
@@ -228,22 +246,15 @@ def read_model(args: EngineArgs) -> LoadContext:
     if args.quantization is not None and args.quantization not in family.quantizations:
         raise ValueError(f"--quantization {args.quantization} is not supported for {family.name} models "
                          f"(supported: {', '.join(family.quantizations) or 'none'})")
-    split = args.tensor_parallel_size > 1 and args.placement is None   # else the placement's checks say it
-    if split:
-        if family.tensor_parallel is None:
-            raise ValueError(f"--tensor-parallel-size {args.tensor_parallel_size}: {family.name} models run on "
-                             f"one device only (tensor parallel: {', '.join(tensor_parallel_families()) or 'none'})")
-    device = resolve_device(args.device)
-    ctx = LoadContext(args, family, folder, device, resolve_dtype(args.dtype, device))
-    (family.loader.read_source or read_model_source)(ctx)
-    if split:
-        try:
-            family.tensor_parallel(ctx.config, args.tensor_parallel_size)
-        except ValueError as exc:
-            raise ValueError(f"{args.model}: {exc}") from None
-    if args.placement is not None:
-        check_placement(args.placement, ctx)
-    return ctx
+    if _splits(args) and family.tensor_parallel is None:
+        raise ValueError(f"--tensor-parallel-size {args.tensor_parallel_size}: {family.name} models run on "
+                         f"one device only (tensor parallel: {', '.join(tensor_parallel_families()) or 'none'})")
+    return family, folder
+
+
+def _splits(args: EngineArgs) -> bool:
+    """-tp N alone; with a placement file, its checks say what splits."""
+    return args.tensor_parallel_size > 1 and args.placement is None
 
 
 def check_placement(placement: "Placement", ctx: LoadContext) -> None:

@@ -9,7 +9,14 @@ import sys
 from collections.abc import Callable
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-ENGINE_LOG_FORMAT = "%(asctime)s %(levelname)s engine %(name)s: %(message)s"   # the engine process's lines
+
+
+def labelled_format(label: str) -> str:
+    """The format of a child process's lines: LOG_FORMAT with its label ("engine", "api 1", "rank 1")."""
+    return LOG_FORMAT.replace(" %(name)s", f" {label} %(name)s")
+
+
+ENGINE_LOG_FORMAT = labelled_format("engine")   # the engine process's lines
 
 #: libraries that log every HTTP request at INFO (httpx: "HTTP Request: POST ... 200 OK"): a
 #: bench sending thousands of requests would bury its progress line under them
@@ -20,6 +27,19 @@ def configure_logging(level: int | str = logging.INFO, fmt: str = LOG_FORMAT) ->
     logging.basicConfig(level=level, format=fmt)
     for name in _CHATTY_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def parent_context(level: int | None = None) -> tuple[list[str], int]:
+    """What a child process (python -c ...) takes from its parent before anything else, as
+    its first message: the parent's `sys.path` (run-time families and test helpers import
+    there too) and log level."""
+    return list(sys.path), logging.getLogger().getEffectiveLevel() if level is None else level
+
+
+def take_parent_context(channel) -> int:
+    """In the child: the parent's `sys.path` becomes ours; returns its log level."""
+    sys.path[:], level = channel.recv()
+    return level
 
 
 def run_child_process(main: Callable[[int], int], fd: int, what: str) -> None:

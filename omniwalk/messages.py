@@ -144,6 +144,9 @@ class EngineSetup:
 
     args: Any                                   # omniwalk.loading.EngineArgs
     families: tuple[tuple[str, str], ...] = ()
+    #: `--api-server-count` N > 1: the (inherited) descriptors of the channels of the N API
+    #: processes (omniwalk/api_channels.py); the channel this came on then only sets up and stops
+    api_fds: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -10,22 +10,24 @@ of a Unix socket pair; end of file on it is how each side learns the other is go
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 from typing import Any
 
 from omniwalk.ipc import Channel, ChannelClosed
+from omniwalk.logs import parent_context, take_parent_context
 
 
-def spawn(entry: str, log_level: int) -> tuple[subprocess.Popen, Channel]:
-    """Starts `python -c entry FD` with the other end of a new channel, and sends it this
-    process's `sys.path` (its families and test helpers import there too) and log level."""
+def spawn(entry: str, log_level: int, extra_fds: tuple[int, ...] = ()) -> tuple[subprocess.Popen, Channel]:
+    """Starts `python -c entry FD` with the other end of a new channel (and `extra_fds`,
+    inherited as they are), and sends it this process's `sys.path` (its families and test
+    helpers import there too) and log level."""
     ours, theirs = Channel.pair()
-    process = subprocess.Popen([sys.executable, "-c", entry, str(theirs.fileno())], pass_fds=[theirs.fileno()])
+    process = subprocess.Popen([sys.executable, "-c", entry, str(theirs.fileno())],
+                               pass_fds=[theirs.fileno(), *extra_fds])
     theirs.close()
     try:
-        ours.send((list(sys.path), log_level))
+        ours.send(parent_context(log_level))
     except BaseException:
         process.kill()
         raise
@@ -35,11 +37,8 @@ def spawn(entry: str, log_level: int) -> tuple[subprocess.Popen, Channel]:
 def connect(fd: int) -> tuple[Channel, int]:
     """In the child: its channel (not inherited by its own children) and the log level, with
     the parent's `sys.path` taken over."""
-    sock = socket.socket(fileno=fd)
-    sock.set_inheritable(False)   # no child of ours may hold it open
-    channel = Channel(sock)
-    sys.path[:], level = channel.recv()
-    return channel, level
+    channel = Channel.inherited(fd)
+    return channel, take_parent_context(channel)
 
 
 def first_answer(channel: Channel) -> Any:
@@ -54,9 +53,13 @@ def first_answer(channel: Channel) -> Any:
 def exit_reason(process: subprocess.Popen, wait_s: float = 2.0) -> str:
     """How `process` ended, e.g. "was killed by SIGKILL" (waits for it up to `wait_s`)."""
     try:
-        code = process.wait(timeout=wait_s)
+        return exit_description(process.wait(timeout=wait_s))
     except subprocess.TimeoutExpired:
         return "closed its channel but still runs"
+
+
+def exit_description(code: int) -> str:
+    """A child's exit status in words: "exited with status 1", "was killed by SIGKILL"."""
     if code < 0:
         try:
             return f"was killed by {signal.Signals(-code).name}"

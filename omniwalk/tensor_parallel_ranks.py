@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass
 
 from omniwalk.ipc import Channel, ChannelClosed
-from omniwalk.logs import ENGINE_LOG_FORMAT, configure_logging, run_child_process
+from omniwalk.logs import configure_logging, labelled_format, run_child_process
 from omniwalk.messages import EngineCommand, EngineSetup, StartFailed
 from omniwalk.processes import connect, exit_reason, first_answer, spawn
 
@@ -227,7 +227,7 @@ def rank_main(fd: int) -> int:
     channel, level = connect(fd)
     rank_setup: RankSetup = channel.recv()
     # its lines say which rank wrote them ("... INFO rank 1 omniwalk.loading: ...")
-    configure_logging(level, ENGINE_LOG_FORMAT.replace(" engine ", f" rank {rank_setup.rank} "))
+    configure_logging(level, labelled_format(f"rank {rank_setup.rank}"))
     args = rank_setup.setup.args
 
     from omniwalk.engine.tensor_parallel import init_tensor_parallel

@@ -2,6 +2,8 @@
 
     build_app(engine) -> FastAPI      routes, error handling, metrics of one engine
     serve(args)                       `omniwalk serve`: bind the port, start the engine, run uvicorn
+                                      (`--api-server-count N` > 1: api_servers.py supervises N API
+                                      processes, each `run_server` on the shared socket)
 
 Routes:
 
@@ -36,7 +38,9 @@ the submit runs on a frontend thread (tokenizing, chat templates, media and audi
 and the body's size and pace; connections are uvicorn's h11 protocol with a header timeout
 and a connection cap (connections.py); the limits are one `ServerLimits` (limits.py).
 If the engine process dies, the requests in flight end with an error at once and the
-server stays up answering 503 (/health too) until it is restarted.
+server stays up answering 503 (/health too) until it is restarted. With
+`--api-server-count N` there are N such API processes on one port and one engine process
+(api_servers.py); /metrics sums the request series of all of them (metrics.py).
 
 Errors are answered in the OpenAI envelope {"error": {"message", "type", "param", "code"}}
 with the HTTP status in `code`: 400 bad values (the engine's ValueError message, in the
@@ -58,7 +62,7 @@ import logging
 import socket
 import time
 import uuid
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -70,6 +74,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from omniwalk.api import Engine
 from omniwalk.capabilities import Capability
+from omniwalk.loading import EngineArgs
 from omniwalk.server.auth import ApiKeyMiddleware
 from omniwalk.server.connections import (
     connections_within, install_loop_error_limiter, raise_open_file_limit, uvicorn_config,
@@ -262,39 +267,69 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(args) -> None:
-    """`omniwalk serve`: `args` is the argparse namespace of the CLI."""
-    import uvicorn
+@dataclass(frozen=True)
+class ServeOptions:
+    """What the flags of `omniwalk serve` ask of the server, checked before anything loads."""
 
-    from omniwalk.loading import EngineArgs
+    host: str
+    port: int
+    engine_args: EngineArgs
+    media: MediaOptions
+    limits: ServerLimits
+    api_key: str | None
 
-    host, port = getattr(args, "host", "127.0.0.1"), getattr(args, "port", 8000)
+
+def serve_options(args, warn: bool = True) -> ServeOptions:
+    """The options of `omniwalk serve` (ValueError when a flag is bad); `warn`: log the
+    warnings about them (once per server, not in each of its API processes)."""
     engine_args = EngineArgs.from_flags(args)
-    media, limits = media_options(args), server_limits(args)   # bad flags fail before the model loads
+    media, limits = media_options(args), server_limits(args)
     limits = replace(limits, max_connections=connections_within(limits, raise_open_file_limit()))
-    _warn_if_media_exceed_the_body_limit(media, limits)
+    if warn:
+        _warn_if_media_exceed_the_body_limit(media, limits)
     api_key = getattr(args, "api_key", None)
     if api_key is not None and not api_key.strip():
         raise ValueError("--api-key is empty (an empty key would lock nothing)")
-    sock = bind_socket(host, port)
+    return ServeOptions(getattr(args, "host", "127.0.0.1"), getattr(args, "port", 8000), engine_args, media, limits,
+                        api_key)
+
+
+def serve(args) -> int:
+    """`omniwalk serve`: `args` is the argparse namespace of the CLI; the exit status."""
+    if getattr(args, "api_server_count", 1) != 1:   # several API processes under a supervisor
+        from omniwalk.server.api_servers import serve_api_servers
+
+        return serve_api_servers(args)
+    options = serve_options(args)   # bad flags fail before the model loads
+    sock = bind_socket(options.host, options.port)
     try:
-        engine = Engine(engine_args)
+        engine = Engine(options.engine_args)
     except BaseException:
         sock.close()
         raise
-    loaded = engine.loaded
+    run_server(engine, args, options, sock)
+    return 0
+
+
+def run_server(engine: Engine, args, options: ServeOptions, sock: socket.socket, announce: bool = True) -> None:
+    """Serves `engine` with uvicorn on `sock` (bound) until SIGINT/SIGTERM, then shuts the
+    engine down. `announce`: log what is served (the first API process of several only)."""
+    import uvicorn
+
+    loaded, engine_args, api_key = engine.loaded, options.engine_args, options.api_key
     names = served_names(getattr(args, "served_model_name", None), default_model_name(loaded.name))
-    logger.info("serving %r as %s on http://%s:%d: %s on %s, context %d tokens, KV cache %d tokens (%d pages of "
-                "%d); engine loop %s%s%s", loaded.name, " / ".join(map(repr, names)), host, port, loaded.dtype,
-                loaded.device, loaded.max_model_len, loaded.kv_capacity_tokens,
-                loaded.kv_capacity_tokens // engine_args.page_size, engine_args.page_size,
-                f"in engine process {engine.engine_pid}" if engine.in_engine_process else "on a thread",
-                "".join(f", {', '.join(group.nodes)} in worker process {pid}" for group, pid in
-                        zip(engine_args.resolved_placement.worker_groups, engine.worker_pids)),
-                "; API key required" if api_key else "")
-    if loaded.random_weights:
-        logger.warning(random_weights_banner(loaded.name))
-    app = build_app(engine, served_model_name=names, media=media, limits=limits,
+    if announce:
+        logger.info("serving %r as %s on http://%s:%d: %s on %s, context %d tokens, KV cache %d tokens (%d pages "
+                    "of %d); engine loop %s%s%s", loaded.name, " / ".join(map(repr, names)), options.host,
+                    options.port, loaded.dtype, loaded.device, loaded.max_model_len, loaded.kv_capacity_tokens,
+                    loaded.kv_capacity_tokens // engine_args.page_size, engine_args.page_size,
+                    f"in engine process {engine.engine_pid}" if engine.in_engine_process else "on a thread",
+                    "".join(f", {', '.join(group.nodes)} in worker process {pid}" for group, pid in
+                            zip(engine_args.resolved_placement.worker_groups, engine.worker_pids)),
+                    "; API key required" if api_key else "")
+        if loaded.random_weights:
+            logger.warning(random_weights_banner(loaded.name))
+    app = build_app(engine, served_model_name=names, media=options.media, limits=options.limits,
                     frontend_threads=getattr(args, "frontend_threads", DEFAULT_FRONTEND_THREADS), api_key=api_key,
                     metrics_compat=getattr(args, "metrics_compat", None))
     stats_logger = None if getattr(args, "disable_log_stats", False) else StatsLogger(engine, app.state.ctx.metrics)
@@ -303,8 +338,9 @@ def serve(args) -> None:
     app.router.lifespan_context = _lifespan(app.state.ctx, then=engine.shutdown, stats_logger=stats_logger)
     # log_config None: uvicorn's loggers propagate to the root logger, so its lines (access
     # log included) take omniwalk's format (omniwalk/logs.py) instead of uvicorn's own
-    config = uvicorn_config(app, limits, host=host, port=port, log_level=getattr(args, "log_level", "info"),
-                            log_config=None, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
+    config = uvicorn_config(app, options.limits, host=options.host, port=options.port,
+                            log_level=getattr(args, "log_level", "info"), log_config=None,
+                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
     try:
         uvicorn.Server(config).run(sockets=[sock])
     finally:

@@ -127,8 +127,7 @@ class ServerContext:
     def check_room_for(self, count: int) -> None:
         """A 429 now when `count` engine requests (one HTTP request's `n` x prompts) cannot
         all be admitted: each counts against the queue, and they are admitted all or none."""
-        args = self.engine.args
-        room = args.max_num_seqs + args.max_queue - self.engine.num_in_flight
+        room = self.engine.max_in_flight - self.engine.num_in_flight
         if count > room:
             raise ApiError(429, f"the server is full, retry later ({count} sequences asked, room for "
                                 f"{max(room, 0)})")

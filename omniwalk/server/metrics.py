@@ -12,6 +12,12 @@ series), so one dashboard can chart several servers. Two kinds of values:
   requests in flight, KV cache pages used and free, engine steps and preemptions (the
   loop's last `LoopStats`, which the engine process sends with each step's outputs).
 
+With `omniwalk serve --api-server-count N` a scrape reaches one of the N API processes,
+so the per-request series are summed over all of them (prometheus_client's multiprocess
+mode: each process keeps its values in files under PROMETHEUS_MULTIPROC_DIR, which the
+supervisor makes, and a scrape adds them up); the engine's state is the one engine's,
+except `omniwalk_num_requests_in_flight`: the answering API process's own.
+
 Definitions (measured at the server, on the asyncio side, when a chunk arrives):
 
     TTFT  = time the first token ids reached the server - time the HTTP request was accepted
@@ -33,6 +39,7 @@ observation per request, where vLLM observes every gap between two tokens.
 
 from __future__ import annotations
 
+import os
 import time
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
@@ -44,6 +51,9 @@ from omniwalk.capabilities import Capability, capability_of
 OUTCOMES = ("length", "stop", "abort", "error", "rejected", "invalid")
 FINISH_REASONS = ("length", "stop", "abort", "error")   # outcomes of requests that ran
 METRICS_COMPAT = ("vllm",)                              # the choices of --metrics-compat
+#: set (before prometheus_client is imported): the per-request series of every process
+#: writing there are summed at each scrape (several API processes)
+MULTIPROCESS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _TPOT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -110,7 +120,16 @@ class ServerMetrics:
         self.e2e = self._histogram("omniwalk_e2e_request_latency_seconds", "Request accepted -> final record",
                                    _LATENCY_BUCKETS)
         self._add_audio_series(engine)
-        self.registry.register(_EngineCollector(engine, model_name, vllm_names))
+        engine_state = _EngineCollector(engine, model_name, vllm_names)
+        self.registry.register(engine_state)
+        self._summed: tuple[CollectorRegistry, CollectorRegistry] | None = None
+        if os.environ.get(MULTIPROCESS_DIR_ENV):
+            from prometheus_client.multiprocess import MultiProcessCollector
+
+            every_process, engine_only = CollectorRegistry(), CollectorRegistry()
+            MultiProcessCollector(every_process)
+            engine_only.register(engine_state)
+            self._summed = (every_process, engine_only)
 
     def _add_audio_series(self, engine: Engine) -> None:
         """The audio SLOs, on models that produce or take audio only (a text model has none)."""
@@ -148,7 +167,10 @@ class ServerMetrics:
                         .labels(self.model_name) for n in self._names(name)])
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        if self._summed is None:
+            return generate_latest(self.registry)
+        every_process, engine_only = self._summed
+        return generate_latest(every_process) + generate_latest(engine_only)
 
     def count(self, outcome: str) -> None:
         self._requests.labels(self.model_name, outcome).inc()

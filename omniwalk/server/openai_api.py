@@ -218,7 +218,7 @@ def _check_n(ctx: ServerContext, n: int, num_prompts: int = 1) -> None:
     if n > ctx.limits.max_n:
         raise ApiError(400, f"n is {n}; at most {ctx.limits.max_n} choices are accepted (--max-n)", "n")
     total = n * num_prompts
-    limit = ctx.engine.args.max_num_seqs + ctx.engine.args.max_queue
+    limit = ctx.engine.max_in_flight
     if total > limit:
         raise ApiError(400, f"the request asks for {total} sequences (n x prompts); the server holds {limit}", "n")
 
