@@ -2,7 +2,8 @@
 # The text table of docs/benchmarks.md: Qwen3-0.6B's shape (issue 4), decode throughput and
 # latency at 1, 32 and 128 requests in flight, in-process and over HTTP; with the engine loop
 # on a thread of the process that submits and detokenizes, and in an engine process of its
-# own (issue 22: `omniwalk serve`'s default, `--engine-process` for the in-process bench).
+# own (issue 22: `omniwalk serve`'s default, `--engine-process` for the in-process bench); over
+# HTTP with one API process and with four (`--api-server-count 4`).
 #   bash benchmarks/text.sh              (repository root, one H200; raw JSON in ${OUT:-benchmarks/results})
 # Expected: ~6 minutes on an H200 (four in-process engines and two servers: ~30 s to start
 # each; the runs ~2.5 minutes together). HF on the same prompts: benchmarks/hf_baseline.sh.
@@ -33,14 +34,15 @@ if start_server text-server "$PORT" "${MODEL[@]}"; then
 else
   BENCH_FAILED+=(text-server)
 fi
-# the same server with the loop on a thread of its process (--no-engine-process): the figure before issue 22
-if start_server text-server-thread "$PORT" "${MODEL[@]}" --no-engine-process; then
-  bench text-http-thread-c1 120 --url "http://127.0.0.1:$PORT" "${WORKLOAD[@]}" --concurrency 1 --num-requests 16 --warmup 2
-  bench text-http-thread-c32-c128 180 --url "http://127.0.0.1:$PORT" "${WORKLOAD[@]}" --concurrency 32,128 \
+# the same server with 4 API processes over its engine process (--api-server-count 4): when one
+# API process is the limit (issue 22: at c = 128 it was)
+if start_server text-server-asc4 "$PORT" "${MODEL[@]}" --api-server-count 4; then
+  bench text-http-asc4-c1 120 --url "http://127.0.0.1:$PORT" "${WORKLOAD[@]}" --concurrency 1 --num-requests 16 --warmup 2
+  bench text-http-asc4-c32-c128 180 --url "http://127.0.0.1:$PORT" "${WORKLOAD[@]}" --concurrency 32,128 \
     --num-requests 512 --warmup 32
   stop_server
 else
-  BENCH_FAILED+=(text-server-thread)
+  BENCH_FAILED+=(text-server-asc4)
 fi
 
 finish text

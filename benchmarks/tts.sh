@@ -3,9 +3,9 @@
 # codes (8.53 s of 24 kHz audio) per request, 1, 16, 64 and 256 streams (256 three times:
 # its spread between runs is part of the figure), in-process; then 256 streams (twice) with
 # the engine loop in an engine process of its own (issue 22), in-process and over HTTP
-# (`omniwalk serve`, SSE audio deltas).
+# (`omniwalk serve`, SSE audio deltas), with one API process and with four (`--api-server-count 4`).
 #   bash benchmarks/tts.sh               (repository root, one H200; raw JSON in ${OUT:-benchmarks/results})
-# Expected: ~7 minutes on an H200 (four engines and one server, ~40 s to start each: the SNAC
+# Expected: ~8 minutes on an H200 (four engines and two servers, ~40 s to start each: the SNAC
 # graphs and the startup warm-up; the runs ~2.5 minutes together).
 set -euo pipefail
 source benchmarks/setup_device.sh
@@ -29,6 +29,15 @@ if start_server tts-server "$PORT" benchmarks/orpheus-3b "${ENGINE[@]}"; then
   stop_server
 else
   BENCH_FAILED+=(tts-server)
+fi
+# the same with 4 API processes over the engine process (issue 22: 256 streams' first chunks
+# framed by one API process delayed first audio by ~400 ms)
+if start_server tts-server-asc4 "$PORT" benchmarks/orpheus-3b "${ENGINE[@]}" --api-server-count 4; then
+  bench tts-http-asc4-c256 180 "${WORKLOAD[@]}" --url "http://127.0.0.1:$PORT" --concurrency 256,256 \
+    --num-requests 256 --warmup 8
+  stop_server
+else
+  BENCH_FAILED+=(tts-server-asc4)
 fi
 
 finish tts
