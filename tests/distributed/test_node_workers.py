@@ -9,46 +9,27 @@ import os
 import signal
 import threading
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from fastapi.testclient import TestClient
 from pids import alive
+from split_speech import (
+    check_a_killed_worker_ends_its_requests, check_the_bytes_of_one_process, speak, split_engine,
+)
 
-from omniwalk.api import Engine
+from omniwalk.capabilities.speech import SpeechRequest, collect_speech
 from omniwalk.graph import ModelGraph, Node, Sequential, StreamSpec, ToClient, Walk, WalkCall
 from omniwalk.ipc import Channel
-from omniwalk.node_workers import RemoteExecutor, WorkerDied, WorkerProcess, _serve, check_stateless
+from omniwalk.node_workers import RemoteExecutor, SocketLink, Worker, WorkerDied, _serve, check_stateless
+from omniwalk.placement import WorkerGroup
 from omniwalk.runtime import FunctionExecutor, Request, Runtime, StreamParams
-from omniwalk.capabilities.speech import SpeechRequest, collect_speech
-from omniwalk.loading import EngineArgs
-from omniwalk.placement import WorkerGroup, load_placement
-from omniwalk.server.app import build_app
 
-SPLIT = Path(__file__).with_name("orpheus_split.yaml")
 INVERSE = Node("inverse", inputs=("x",), outputs=("y",))
-
-#: full windows (head, centres, the flush), a short one (fewer than 4 frames: one window), one stopped at 1
-REQUESTS = [SpeechRequest("Hello there", max_output_tokens=70, ignore_eos=True, seed=3),
-            SpeechRequest("A second voice, longer", max_output_tokens=49, ignore_eos=True, seed=5),
-            SpeechRequest("Short", max_output_tokens=20, ignore_eos=True, seed=7),
-            SpeechRequest("One", max_output_tokens=1, ignore_eos=True, seed=9)]
-
-
-def speak(engine: Engine) -> list:
-    streams = [engine.submit(request) for request in REQUESTS]   # all at once: SNAC's batches mix them
-    return [(r.pcm, r.token_ids, r.finish_reason, r.usage) for r in map(collect_speech, streams)]
-
-
-def codec_here(runtime) -> tuple[str, bool]:   # run in the engine process by Engine.inspect
-    return type(runtime.model.executors["snac_decoder"]).__name__, runtime.model.snac is not None
 
 
 @pytest.fixture(scope="module")
 def placed():
-    engine = Engine(EngineArgs("tiny-orpheus", kv_cache_tokens=8192, engine_process=True,
-                               placement=load_placement(SPLIT)))
+    engine = split_engine()
     try:
         yield engine
     finally:
@@ -57,16 +38,19 @@ def placed():
 
 
 def test_snac_in_a_worker_gives_the_bytes_of_one_process(placed):
-    with Engine(EngineArgs("tiny-orpheus", kv_cache_tokens=8192)) as one:
-        expected = speak(one)
     (worker,) = placed.worker_pids
     assert alive(worker) and worker != placed.engine_pid
-    assert placed.inspect(codec_here) == ("RemoteExecutor", False)   # the engine process loaded no SNAC
-    before = placed.stats.node_batches.get("snac_decoder", 0)
-    got = speak(placed)
-    assert got == expected
-    assert all(pcm for pcm, *_ in got[:3])
-    assert placed.stats.node_batches["snac_decoder"] > before   # the runtime batched it as before
+    check_the_bytes_of_one_process(placed)
+
+
+def ray_imported(runtime) -> bool:   # run in the engine process by Engine.inspect
+    import sys
+
+    return "ray" in sys.modules
+
+
+def test_nothing_imports_ray_without_a_ray_address(placed):
+    assert placed.inspect(ray_imported) is False   # Ray is the optional omniwalk[ray]: --ray-address only
 
 
 def test_an_abort_reaches_a_request_whose_audio_runs_in_the_worker(placed):
@@ -103,7 +87,7 @@ def runtime_over_a_worker_thread(batch_timeout_s: float) -> Runtime:
     ours, theirs = Channel.pair()
     threading.Thread(target=_serve, args=(Channel(theirs), {"inverse": FunctionExecutor(reciprocal)}),
                      daemon=True).start()
-    worker = WorkerProcess(WorkerGroup("w", ("inverse",)), SimpleNamespace(pid=os.getpid()), ours, batch_timeout_s)
+    worker = Worker(WorkerGroup("w", ("inverse",)), SocketLink(SimpleNamespace(pid=os.getpid()), ours), batch_timeout_s)
     worker.limits = {"inverse": (8, False)}
     return Runtime(OneNode(RemoteExecutor("inverse", worker)))
 
@@ -148,28 +132,5 @@ def test_a_worker_silent_past_the_timeout_fails_the_step_instead_of_hanging_it()
 
 
 def test_a_killed_worker_ends_its_requests_and_health_answers_503(placed):
-    app = build_app(placed)
-    with TestClient(app) as http:
-        assert http.get("/health").status_code == 200
-        stream = placed.submit(SpeechRequest("Killed mid-way", max_output_tokens=3000, ignore_eos=True, seed=2))
-        started, ended = threading.Event(), []
-
-        def drain() -> None:
-            for chunk in stream:
-                started.set()
-            ended.append(chunk)
-
-        reader = threading.Thread(target=drain)
-        reader.start()
-        assert started.wait(30)
-        os.kill(placed.worker_pids[0], signal.SIGKILL)
-        reader.join(timeout=5)
-        assert not reader.is_alive(), "the request did not end within 5 s of the worker's death"
-        last = ended[0]
-        assert last.finished and last.finish_reason == "error"
-        assert "worker group 'codec'" in last.error and "killed by SIGKILL" in last.error
-        health = http.get("/health")
-        assert health.status_code == 503 and health.json()["status"] == "dead"
-        assert "killed by SIGKILL" in health.json()["error"]
-        with pytest.raises(RuntimeError, match="SIGKILL"):
-            placed.submit(REQUESTS[0])
+    check_a_killed_worker_ends_its_requests(placed, lambda: os.kill(placed.worker_pids[0], signal.SIGKILL),
+                                            "killed by SIGKILL")
