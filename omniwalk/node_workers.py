@@ -381,7 +381,7 @@ def _build(worker: WorkerSetup) -> dict[str, NodeExecutor]:
         import torch
 
         torch.cuda.set_device(device)
-    ctx = read_model(replace(args, device=device, tensor_parallel_size=1, placement=None))
+    ctx = read_model(replace(args, device=device, tensor_parallel_size=1, placement=None, ray_address=None))
     executors = {node: ctx.family.loader.worker_executors[node](ctx) for node in group.nodes}
     for node, executor in executors.items():
         check_stateless(node, executor)

@@ -1,0 +1,66 @@
+"""Worker groups as Ray actors (`--ray-address`, omniwalk/ray_workers.py): Orpheus' SNAC
+decoder in an actor of a local Ray cluster gives the bytes of one process, and a killed
+actor ends its requests with the reason and /health answers 503.
+
+The cluster: this test process starts a one-node Ray cluster (`ray.init` without an
+address: a head node on 127.0.0.1, no dashboard, no network) and the engine process, a
+driver of its own, joins it by its GCS address, as `--ray-address HOST:PORT` joins a
+cluster of several hosts. Its raylet starts the actor's process with this process's
+PYTHONPATH, so the actor imports this omniwalk, and with this process's torch thread count
+(Ray gives an actor of one CPU OMP_NUM_THREADS=1 where none is set, and torch's sums over
+other thread counts round differently: PCM a bit off). One cluster, one engine for the module."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+import pytest
+import torch
+from pids import alive
+from split_speech import check_a_killed_worker_ends_its_requests, check_the_bytes_of_one_process, split_engine
+
+ray = pytest.importorskip("ray")   # the optional omniwalk[ray]; the dev extra installs it
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    # inherited by the raylet, then the actors
+    inherited = {"PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": str(torch.get_num_threads())}
+    saved = {name: os.environ.get(name) for name in inherited}
+    os.environ.update(inherited)
+    try:
+        context = ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
+                           configure_logging=False, log_to_driver=False)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
+    try:
+        yield context.address_info["gcs_address"]
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def placed(cluster):
+    engine = split_engine(ray_address=cluster)
+    try:
+        yield engine
+    finally:
+        engine.shutdown()
+    assert not alive(engine.engine_pid)
+
+
+def test_snac_in_a_ray_actor_gives_the_bytes_of_one_process(placed):
+    (worker,) = placed.worker_pids   # the actor's process: this host's, the cluster being local
+    assert alive(worker) and worker != placed.engine_pid
+    check_the_bytes_of_one_process(placed)
+
+
+def test_a_killed_actor_ends_its_requests_and_health_answers_503(placed):
+    check_a_killed_worker_ends_its_requests(placed, lambda: os.kill(placed.worker_pids[0], signal.SIGKILL),
+                                            "died: its worker process has died")
