@@ -144,12 +144,10 @@ class EngineArgs:
 
         if not self.ray_address.strip():
             raise ValueError("--ray-address is empty: give the Ray cluster's address (host:port, or auto)")
+        # (worker groups need the engine process already: `_check_placement`)
         if self.placement is None or not self.placement.worker_groups:
             raise ValueError("--ray-address runs a placement's worker groups as Ray actors: it needs --placement "
                              "FILE with a group besides the engine's (docs/placement.md)")
-        if not self.engine_process:
-            raise ValueError("--ray-address needs the engine process (engine_process=True; not "
-                             "--no-engine-process): it connects to the cluster and drives the actors")
         if importlib.util.find_spec("ray") is None:
             raise ValueError("--ray-address needs Ray, which is not installed: pip install 'omniwalk[ray]'")
 

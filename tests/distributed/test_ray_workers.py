@@ -31,8 +31,11 @@ def cluster():
     saved = {name: os.environ.get(name) for name in inherited}
     os.environ.update(inherited)
     try:
-        context = ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
-                           configure_logging=False, log_to_driver=False)
+        # one CPU (the actor's), and no idle workers started ahead: on the 2-core CI host each
+        # prestarted Python competes with the engine's load (seconds)
+        context = ray.init(num_cpus=1, include_dashboard=False, _node_ip_address="127.0.0.1",
+                           _system_config={"enable_worker_prestart": False}, configure_logging=False,
+                           log_to_driver=False)
     finally:
         for name, value in saved.items():
             if value is None:
