@@ -26,6 +26,11 @@ every later batch would fail too, so the engine loop ends with the reason and th
 process ends every request in flight with it and answers 503. So does a worker silent on
 a batch past BATCH_TIMEOUT_S. Nothing waits on a dead or stuck worker. No restart.
 
+How the engine process reaches a worker is a `WorkerLink`: `SocketLink` (a process of this
+host, the picture above) or, with `--ray-address`, `ray_workers.RayLink` (a Ray actor that
+runs `build` and `answer` as the process does; omniwalk/ray_workers.py). The proxy
+(`Worker`, `RemoteExecutor`) and every message are the same for both.
+
 On GPUs this is written, not run: each worker loads on its group's device; the values
 cross through the host (for Orpheus the codes are host data and the PCM goes to the host
 for the client anyway). Device-to-device edges (NCCL send/recv): docs/placement.md.
@@ -333,9 +338,8 @@ def worker_main(fd: int) -> int:
     try:
         executors = build(worker)
     except BaseException as exc:
-        start_failed = StartFailed(f"{type(exc).__name__}: {exc}")
         try:
-            channel.send(start_failed)
+            channel.send(StartFailed(f"{type(exc).__name__}: {exc}"))
         except Exception:
             pass
         return 1
@@ -355,8 +359,14 @@ def worker_log_format(group: "WorkerGroup") -> str:
     return ENGINE_LOG_FORMAT.replace(" engine ", f" worker {group.name} ")
 
 
+def ready(executors: dict[str, NodeExecutor]) -> WorkerReady:
+    return WorkerReady(os.getpid(), {node: (executor.max_batch_size, executor.chunkable)
+                                     for node, executor in executors.items()})
+
+
 def build(worker: WorkerSetup) -> dict[str, NodeExecutor]:
-    """`_build`, logged when it fails (then the caller answers StartFailed)."""
+    """Its nodes' executors from the model's files alone (`read_model`), on its device; what
+    fails is logged here (the caller answers StartFailed)."""
     try:
         return _build(worker)
     except BaseException:
@@ -364,13 +374,7 @@ def build(worker: WorkerSetup) -> dict[str, NodeExecutor]:
         raise
 
 
-def ready(executors: dict[str, NodeExecutor]) -> WorkerReady:
-    return WorkerReady(os.getpid(), {node: (executor.max_batch_size, executor.chunkable)
-                                     for node, executor in executors.items()})
-
-
 def _build(worker: WorkerSetup) -> dict[str, NodeExecutor]:
-    """Its nodes' executors from the model's files alone (`read_model`), on its device."""
     from omniwalk.engine_process import _register_families
     from omniwalk.loading import read_model
 
