@@ -138,7 +138,7 @@ class RayLink:
 
 def _died(exc: RayError) -> str:
     """Ray's reason, without its advice: "died: its worker process has died"."""
-    cause = re.search(r"The actor is dead because ([^.\n]*)", str(exc))
+    cause = re.search(r"The actor is dead because (.*?)\.(?:\s|$)", str(exc))   # to the sentence's end: "ray.kill"
     return f"died: {cause.group(1) if cause else _first_line(exc)}"
 
 

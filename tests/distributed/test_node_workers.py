@@ -8,23 +8,20 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 from types import SimpleNamespace
 
 import pytest
+from inverse_node import check_a_raising_batch_fails_only_its_request, check_the_step_ends, reciprocal
 from pids import alive
 from split_speech import (
     check_a_killed_worker_ends_its_requests, check_the_bytes_of_one_process, speak, split_engine,
 )
 
 from omniwalk.capabilities.speech import SpeechRequest, collect_speech
-from omniwalk.graph import ModelGraph, Node, Sequential, StreamSpec, ToClient, Walk, WalkCall
 from omniwalk.ipc import Channel
-from omniwalk.node_workers import RemoteExecutor, SocketLink, Worker, WorkerDied, _serve, check_stateless
+from omniwalk.node_workers import SocketLink, Worker, _serve, check_stateless
 from omniwalk.placement import WorkerGroup
-from omniwalk.runtime import FunctionExecutor, Request, Runtime, StreamParams
-
-INVERSE = Node("inverse", inputs=("x",), outputs=("y",))
+from omniwalk.runtime import FunctionExecutor
 
 
 @pytest.fixture(scope="module")
@@ -63,51 +60,18 @@ def test_an_abort_reaches_a_request_whose_audio_runs_in_the_worker(placed):
     assert speak(placed)[3][2] == "length"   # the engine goes on
 
 
-def reciprocal(state: dict, inputs: dict) -> dict:
-    if inputs["x"] is None:   # a worker stuck on its device
-        time.sleep(2)
-        return {"y": None}
-    return {"y": 1 / inputs["x"]}
-
-
-class OneNode:
-    """A served model of one stateless node, `inverse`: x -> 1 / x, to the client."""
-
-    graph = ModelGraph([Walk("run", ("x",), Sequential(INVERSE, ToClient("y", "y")))], [StreamSpec("s")])
-
-    def __init__(self, executor):
-        self.executors = {INVERSE.name: executor}
-
-    def plan(self, view):
-        return WalkCall("run", {"x": view.request}) if view.last_walk is None else None   # request: its inputs
-
-
-def runtime_over_a_worker_thread(batch_timeout_s: float) -> Runtime:
-    """A runtime whose node `inverse` runs in a worker's loop on a thread here, over a socket pair."""
+def worker_on_a_thread(batch_timeout_s: float) -> Worker:
+    """A worker group 'w' running `inverse` in a worker's loop on a thread here, over a socket pair."""
     ours, theirs = Channel.pair()
     threading.Thread(target=_serve, args=(Channel(theirs), {"inverse": FunctionExecutor(reciprocal)}),
                      daemon=True).start()
     worker = Worker(WorkerGroup("w", ("inverse",)), SocketLink(SimpleNamespace(pid=os.getpid()), ours), batch_timeout_s)
     worker.limits = {"inverse": (8, False)}
-    return Runtime(OneNode(RemoteExecutor("inverse", worker)))
+    return worker
 
 
 def test_a_batch_that_raises_in_the_worker_fails_only_its_request():
-    """A batch raising in the worker is retried call by call by the runtime, as in one
-    process; the others are answered."""
-    runtime = runtime_over_a_worker_thread(batch_timeout_s=30)
-    for x in (1, 0, 4):
-        runtime.add_request(Request(f"x={x}", x, {"s": StreamParams()}))
-    finals = {}
-    while runtime.has_unfinished:
-        for out in runtime.step():
-            finals.setdefault(out.request_id, []).append(out)
-    assert [o.items for o in finals["x=1"]][0] == {("s", "y"): [1.0]}
-    assert [o.items for o in finals["x=4"]][0] == {("s", "y"): [0.25]}
-    failed = finals["x=0"][-1]
-    assert failed.finish_reason == "error" and "node 'inverse' in worker group 'w'" in failed.error
-    assert "ZeroDivisionError" in failed.error
-    assert runtime.node_batches["inverse"] == 1   # one batch of three, then its retries alone
+    check_a_raising_batch_fails_only_its_request(worker_on_a_thread(batch_timeout_s=30))
 
 
 def test_only_executors_without_per_stream_state_run_in_a_worker():
@@ -121,14 +85,8 @@ def test_only_executors_without_per_stream_state_run_in_a_worker():
 
 
 def test_a_worker_silent_past_the_timeout_fails_the_step_instead_of_hanging_it():
-    runtime = runtime_over_a_worker_thread(batch_timeout_s=0.2)
-    runtime.add_request(Request("stuck", None, {"s": StreamParams()}))
-    started = time.monotonic()
-    with pytest.raises(WorkerDied, match=r"worker group 'w' \(pid \d+\) did not answer a batch of node "
-                                         r"'inverse' within 0.2 s"):
-        while runtime.has_unfinished:
-            runtime.step()
-    assert time.monotonic() - started < 1.5
+    check_the_step_ends(worker_on_a_thread(batch_timeout_s=0.2), r"worker group 'w' \(pid \d+\) did not answer a "
+                        r"batch of node 'inverse' within 0.2 s", within_s=1.5)
 
 
 def test_a_killed_worker_ends_its_requests_and_health_answers_503(placed):

@@ -18,10 +18,16 @@ import sys
 
 import pytest
 import torch
+from inverse_node import check_a_raising_batch_fails_only_its_request, check_the_step_ends, reciprocal
 from pids import alive
 from split_speech import check_a_killed_worker_ends_its_requests, check_the_bytes_of_one_process, split_engine
 
+from omniwalk.node_workers import Worker, answer, ready
+from omniwalk.placement import WorkerGroup
+from omniwalk.runtime import FunctionExecutor
+
 ray = pytest.importorskip("ray")   # the optional omniwalk[ray]; the dev extra installs it
+from omniwalk.ray_workers import RayLink  # noqa: E402  (imports Ray)
 
 
 @pytest.fixture(scope="module")
@@ -67,3 +73,31 @@ def test_snac_in_a_ray_actor_gives_the_bytes_of_one_process(placed):
 def test_a_killed_actor_ends_its_requests_and_health_answers_503(placed):
     check_a_killed_worker_ends_its_requests(placed, lambda: os.kill(placed.worker_pids[0], signal.SIGKILL),
                                             "died: its worker process has died")
+
+
+@ray.remote(num_cpus=0)   # beside the engine's actor, which holds the cluster's one CPU
+class InverseActor:
+    """GroupActor's two methods over the node `inverse` (tests/distributed/inverse_node.py)."""
+
+    def __init__(self):
+        self.executors = {"inverse": FunctionExecutor(reciprocal)}
+
+    def ready(self):
+        return ready(self.executors), "127.0.0.1"
+
+    def run(self, batch):
+        return answer(self.executors, batch)
+
+
+def test_a_ray_actor_fails_a_raising_batch_alone_and_a_silent_or_killed_one_ends_the_step(cluster):
+    link = RayLink(InverseActor.remote())
+    worker = Worker(WorkerGroup("w", ("inverse",)), link, batch_timeout_s=30)
+    worker.wait_ready()
+    check_a_raising_batch_fails_only_its_request(worker)
+    worker.batch_timeout_s = 0.2
+    check_the_step_ends(worker, r"worker group 'w' \(Ray actor \w+, pid \d+ on 127.0.0.1\) did not answer a batch "
+                                r"of node 'inverse' within 0.2 s", within_s=1.5)
+    worker.batch_timeout_s = 30
+    ray.kill(link.actor)
+    check_the_step_ends(worker, r"worker group 'w' \(Ray actor .*\) died: it was killed by `ray.kill`; it ran "
+                                r"node 'inverse'", within_s=5)
