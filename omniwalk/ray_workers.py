@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import re
+import socket
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -64,6 +65,7 @@ class RayCluster:
     """The engine process as a driver of the Ray cluster at `address`; starts the actors."""
 
     def __init__(self, address: str):
+        _check_reachable(address)
         try:
             ray.init(address=address, namespace=NAMESPACE, log_to_driver=True)
         except (ConnectionError, RuntimeError, ValueError) as exc:   # no cluster there
@@ -134,6 +136,19 @@ class RayLink:
 
     def wait_closed(self, timeout_s: float) -> None:
         """ray.kill ends it at once; Ray reaps the process."""
+
+
+def _check_reachable(address: str, timeout_s: float = 10.0) -> None:
+    """A HOST:PORT nobody answers on fails here in seconds: `ray.init` would retry it for
+    minutes (other forms, such as auto, are left to Ray)."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise RuntimeError(f"--ray-address {address}: no Ray cluster answers there ({exc.strerror or exc}); "
+                           f"start one with `ray start --head --port {port}`") from None
 
 
 def _died(exc: RayError) -> str:

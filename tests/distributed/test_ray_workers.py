@@ -27,7 +27,7 @@ from omniwalk.placement import WorkerGroup
 from omniwalk.runtime import FunctionExecutor
 
 ray = pytest.importorskip("ray")   # the optional omniwalk[ray]; the dev extra installs it
-from omniwalk.ray_workers import RayLink  # noqa: E402  (imports Ray)
+from omniwalk.ray_workers import RayCluster, RayLink  # noqa: E402  (imports Ray)
 
 
 @pytest.fixture(scope="module")
@@ -101,3 +101,11 @@ def test_a_ray_actor_fails_a_raising_batch_alone_and_a_silent_or_killed_one_ends
     ray.kill(link.actor)
     check_the_step_ends(worker, r"worker group 'w' \(Ray actor .*\) died: it was killed by `ray.kill`; it ran "
                                 r"node 'inverse'", within_s=5)
+
+
+def test_an_address_nobody_answers_on_fails_at_once():   # ray.init would retry it for minutes
+    from omniwalk.tensor_parallel_ranks import free_port
+
+    port = free_port()
+    with pytest.raises(RuntimeError, match=rf"--ray-address 127.0.0.1:{port}: no Ray cluster answers there"):
+        RayCluster(f"127.0.0.1:{port}")
