@@ -83,6 +83,10 @@ def _add_engine_flags(parser: argparse.ArgumentParser, seed: bool = True, engine
                        help="a YAML file: which of the model's nodes run in which worker group, on which devices, "
                             "with which tensor-parallel size (docs/placement.md) (default: every node in the "
                             "engine process, on --device)")
+    group.add_argument("--ray-address", default=None, metavar="ADDRESS",
+                       help="run the --placement file's worker groups as actors of the Ray cluster at ADDRESS "
+                            "(host:port of its head, or auto), placed and watched by Ray; needs Ray: pip install "
+                            "'omniwalk[ray]' (docs/placement.md, \"Ray\") (default: worker processes of this host)")
     group.add_argument("--enforce-eager", action="store_true", help="CUDA: decode without CUDA graphs")
     group.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                        default=_DEFAULTS.enable_prefix_caching,

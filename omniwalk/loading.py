@@ -78,6 +78,10 @@ class EngineArgs:
     #: every node here, split tensor_parallel_size ways (`Placement.default`). Its first group's
     #: size is tensor_parallel_size; its other groups run in worker processes (node_workers.py)
     placement: "Placement | None" = None
+    #: a Ray cluster (`--ray-address`, as `ray.init` takes it: host:port, or auto): the
+    #: placement's worker groups run as Ray actors there (omniwalk/ray_workers.py); None:
+    #: as processes of this host, and Ray is never imported
+    ray_address: str | None = None
 
     def __post_init__(self):
         if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
@@ -102,6 +106,8 @@ class EngineArgs:
             raise ValueError("--quantization is not supported with tensor_parallel_size > 1 yet")
         if self.placement is not None:
             self._check_placement(self.placement)
+        if self.ray_address is not None:
+            self._check_ray_address()
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS[1:])} or None, "
                              f"got {self.quantization!r}")
@@ -132,6 +138,18 @@ class EngineArgs:
         if placement.worker_groups and not self.engine_process:
             raise ValueError("a placement with worker groups needs the engine process (engine_process=True; not "
                              "--no-engine-process): it starts and drives the workers")
+
+    def _check_ray_address(self) -> None:
+        import importlib.util   # find_spec: whether Ray is installed, without importing it
+
+        if not self.ray_address.strip():
+            raise ValueError("--ray-address is empty: give the Ray cluster's address (host:port, or auto)")
+        # (worker groups need the engine process already: `_check_placement`)
+        if self.placement is None or not self.placement.worker_groups:
+            raise ValueError("--ray-address runs a placement's worker groups as Ray actors: it needs --placement "
+                             "FILE with a group besides the engine's (docs/placement.md)")
+        if importlib.util.find_spec("ray") is None:
+            raise ValueError("--ray-address needs Ray, which is not installed: pip install 'omniwalk[ray]'")
 
     @property
     def resolved_placement(self) -> "Placement":
@@ -265,7 +283,7 @@ def check_placement(placement: "Placement", ctx: LoadContext) -> None:
     nodes = None if ctx.family.nodes is None else {node.name: node for node in ctx.family.nodes(ctx.config)}
     # counted only where the file names GPUs: a CPU placement never asks the CUDA driver
     num_gpus = torch.cuda.device_count() if any(group.gpus for group in placement.groups) else 0
-    check_model(placement, ctx.family, ctx.config, nodes, num_gpus)
+    check_model(placement, ctx.family, ctx.config, nodes, num_gpus, workers_here=ctx.args.ray_address is None)
     check_runnable(placement, ctx.family)
 
 

@@ -26,6 +26,11 @@ every later batch would fail too, so the engine loop ends with the reason and th
 process ends every request in flight with it and answers 503. So does a worker silent on
 a batch past BATCH_TIMEOUT_S. Nothing waits on a dead or stuck worker. No restart.
 
+How the engine process reaches a worker is a `WorkerLink`: `SocketLink` (a process of this
+host, the picture above) or, with `--ray-address`, `ray_workers.RayLink` (a Ray actor that
+runs `build` and `answer` as the process does; omniwalk/ray_workers.py). The proxy
+(`Worker`, `RemoteExecutor`) and every message are the same for both.
+
 On GPUs this is written, not run: each worker loads on its group's device; the values
 cross through the host (for Orpheus the codes are host data and the PCM goes to the host
 for the client anyway). Device-to-device edges (NCCL send/recv): docs/placement.md.
@@ -40,7 +45,7 @@ import signal
 import subprocess
 import threading
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from omniwalk.ipc import Channel, ChannelClosed
 from omniwalk.logs import ENGINE_LOG_FORMAT, configure_logging, run_child_process
@@ -130,26 +135,107 @@ class BatchFailed:
 # ----------------------------------------------------------------------------- the engine's side
 
 
-class WorkerProcess:
-    """One worker group's process, seen from the engine process."""
+class WorkerLost(Exception):
+    """A link's worker is gone; the message says how ("was killed by SIGKILL")."""
 
-    def __init__(self, group: "WorkerGroup", process: subprocess.Popen, channel: Channel,
-                 batch_timeout_s: float = BATCH_TIMEOUT_S):
-        self.group = group
+
+class WorkerLink(Protocol):
+    """How the engine process reaches one worker: a local process over a socket pair
+    (`SocketLink`), or a Ray actor (`omniwalk.ray_workers.RayLink`). The worker's side of
+    both is `_build` then `answer`, one batch at a time."""
+
+    pid: int | None   # on its host; None until known
+
+    def where(self) -> str:
+        """The worker for messages: "pid 13348", "Ray actor 5e1f..., pid 77 on 10.0.0.2"."""
+
+    def ready(self) -> WorkerReady | StartFailed:
+        """Its answer to its setup, waited for; raises WorkerLost."""
+
+    def exchange(self, batch: RunBatch, timeout_s: float) -> BatchDone | BatchFailed:
+        """The worker's answer to `batch`; raises WorkerLost, or TimeoutError past `timeout_s`."""
+
+    def close(self) -> None:
+        """Tells the worker to exit (without waiting)."""
+
+    def wait_closed(self, timeout_s: float) -> None:
+        """Waits for it to exit, and ends it past `timeout_s`."""
+
+
+class SocketLink:
+    """A worker process of this host (`spawn`), over its socket pair: end of file is its death."""
+
+    def __init__(self, process: subprocess.Popen, channel: Channel):
         self.process = process
         self.channel = channel
+        self.pid = process.pid
+
+    def where(self) -> str:
+        return f"pid {self.pid}"
+
+    def ready(self) -> WorkerReady | StartFailed:
+        message = first_answer(self.channel)
+        if message is None:
+            raise WorkerLost(exit_reason(self.process))
+        return message
+
+    def exchange(self, batch: RunBatch, timeout_s: float) -> BatchDone | BatchFailed:
+        try:
+            self.channel.send(batch)
+            if not select.select([self.channel.sock], [], [], timeout_s)[0]:
+                raise TimeoutError
+            return self.channel.recv()
+        except ChannelClosed:
+            raise WorkerLost(exit_reason(self.process)) from None
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def wait_closed(self, timeout_s: float) -> None:
+        try:
+            self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            logger.warning("worker process %d did not exit: killing it", self.pid)
+            self.process.kill()
+            self.process.wait()
+
+
+class LocalProcesses:
+    """Starts each worker group as a process of this host (no --ray-address)."""
+
+    def start(self, setup: EngineSetup, group: "WorkerGroup", log_level: int) -> SocketLink:
+        process, channel = spawn(WORKER_ENTRY, log_level)
+        link = SocketLink(process, channel)
+        try:
+            channel.send(WorkerSetup(setup, group))
+        except BaseException:
+            process.kill()
+            raise
+        return link
+
+    def close(self) -> None:
+        """Nothing to let go of: the processes are stopped by their links."""
+
+
+class Worker:
+    """One worker group, seen from the engine process, however it is reached (`WorkerLink`)."""
+
+    def __init__(self, group: "WorkerGroup", link: WorkerLink, batch_timeout_s: float = BATCH_TIMEOUT_S):
+        self.group = group
+        self.link = link
         self.batch_timeout_s = batch_timeout_s
         self.limits: dict[str, tuple[int, bool]] = {}
 
     def describe(self) -> str:
-        return f"worker group {self.group.name!r} (pid {self.process.pid})"
+        return f"worker group {self.group.name!r} ({self.link.where()})"
 
     def wait_ready(self) -> None:
-        message = first_answer(self.channel)
+        try:
+            message = self.link.ready()
+        except WorkerLost as exc:
+            raise RuntimeError(f"{self.describe()} {exc} while loading") from None
         if isinstance(message, StartFailed):
             raise RuntimeError(f"{self.describe()} could not load {', '.join(self.group.nodes)}: {message.error}")
-        if not isinstance(message, WorkerReady):
-            raise RuntimeError(f"{self.describe()} {exit_reason(self.process)} while loading")
         self.limits = message.limits
 
     def run(self, node: str, calls: list[NodeCall]) -> list[dict[str, Any] | None]:
@@ -158,13 +244,12 @@ class WorkerProcess:
         batch = RunBatch(node, tuple(RemoteCall(call.stream.handle, call.stream.request_id, call.stream.params,
                                                 call.inputs, call.num_tokens) for call in calls))
         try:
-            self.channel.send(batch)
-            if not select.select([self.channel.sock], [], [], self.batch_timeout_s)[0]:
-                raise WorkerDied(f"{self.describe()} did not answer a batch of node {node!r} within "
-                                 f"{self.batch_timeout_s:g} s")
-            answer = self.channel.recv()
-        except ChannelClosed:
-            raise WorkerDied(f"{self.describe()} {exit_reason(self.process)}; it ran node {node!r}") from None
+            answer = self.link.exchange(batch, self.batch_timeout_s)
+        except TimeoutError:
+            raise WorkerDied(f"{self.describe()} did not answer a batch of node {node!r} within "
+                             f"{self.batch_timeout_s:g} s") from None
+        except WorkerLost as exc:
+            raise WorkerDied(f"{self.describe()} {exc}; it ran node {node!r}") from None
         if isinstance(answer, BatchFailed):
             raise RuntimeError(f"node {node!r} in {self.describe()}: {answer.error}")
         return answer.outputs
@@ -174,7 +259,7 @@ class RemoteExecutor(NodeExecutor):
     """A node that runs in a worker process: the runtime's executor for it in the engine
     process. Stateless (as every placeable node): only `run` crosses."""
 
-    def __init__(self, node: str, worker: WorkerProcess):
+    def __init__(self, node: str, worker: Worker):
         self.node = node
         self.worker = worker
         self.max_batch_size, self.chunkable = worker.limits[node]
@@ -185,19 +270,26 @@ class RemoteExecutor(NodeExecutor):
 
 class NodeWorkers:
     """A placement's worker groups, seen from the engine process: started before it loads
-    (they load meanwhile), attached to the served model before its loop starts."""
+    (they load meanwhile), attached to the served model before its loop starts. Local
+    processes, or Ray actors with `EngineArgs.ray_address` (omniwalk/ray_workers.py, the only
+    module that imports Ray)."""
 
-    def __init__(self, workers: list[WorkerProcess]):
+    def __init__(self, launcher, workers: list[Worker]):
+        self.launcher = launcher   # LocalProcesses or ray_workers.RayCluster: start(setup, group, level), close()
         self.workers = workers
 
     @classmethod
     def start(cls, setup: EngineSetup, log_level: int) -> "NodeWorkers":
-        workers = cls([])
+        if setup.args.ray_address is None:
+            launcher = LocalProcesses()
+        else:
+            from omniwalk.ray_workers import RayCluster
+
+            launcher = RayCluster(setup.args.ray_address)
+        workers = cls(launcher, [])
         try:
             for group in setup.args.placement.worker_groups:
-                process, channel = spawn(WORKER_ENTRY, log_level)
-                workers.workers.append(WorkerProcess(group, process, channel))
-                channel.send(WorkerSetup(setup, group))
+                workers.workers.append(Worker(group, launcher.start(setup, group, log_level)))
         except BaseException:
             workers.stop()
             raise
@@ -206,7 +298,8 @@ class NodeWorkers:
 
     @property
     def pids(self) -> tuple[int, ...]:
-        return tuple(worker.process.pid for worker in self.workers)
+        """Each worker's pid on its host (known once `attach` returned)."""
+        return tuple(worker.link.pid for worker in self.workers)
 
     def attach(self, served: "ServedModel") -> None:
         """Waits until every worker has built its nodes, then makes their executors here proxies."""
@@ -218,16 +311,13 @@ class NodeWorkers:
             f"{', '.join(worker.group.nodes)} in {worker.describe()}" for worker in self.workers))
 
     def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
-        """Closes the sockets (each worker reads end of file and exits), waits, kills what is left."""
+        """Tells every worker to exit (a socket closed: it reads end of file; an actor killed),
+        waits, ends what is left, then lets go of the launcher (Ray: disconnects)."""
         for worker in self.workers:
-            worker.channel.close()
+            worker.link.close()
         for worker in self.workers:
-            try:
-                worker.process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                logger.warning("%s did not exit: killing it", worker.describe())
-                worker.process.kill()
-                worker.process.wait()
+            worker.link.wait_closed(timeout)
+        self.launcher.close()
 
 
 # ----------------------------------------------------------------------------- a worker process
@@ -244,19 +334,16 @@ def worker_main(fd: int) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the engine process stops us in order
     channel, level = connect(fd)
     worker: WorkerSetup = channel.recv()
-    group = worker.group
-    configure_logging(level, ENGINE_LOG_FORMAT.replace(" engine ", f" worker {group.name} "))
+    configure_logging(level, worker_log_format(worker.group))
     try:
-        executors = _build(worker)
+        executors = build(worker)
     except BaseException as exc:
-        logger.exception("worker group %r could not build %s", group.name, ", ".join(group.nodes))
         try:
             channel.send(StartFailed(f"{type(exc).__name__}: {exc}"))
         except Exception:
             pass
         return 1
-    channel.send(WorkerReady(os.getpid(), {node: (executor.max_batch_size, executor.chunkable)
-                                           for node, executor in executors.items()}))
+    channel.send(ready(executors))
     from omniwalk.engine_loop import quiet_gc
 
     quiet_gc()
@@ -268,8 +355,26 @@ def worker_main(fd: int) -> int:
     return 0
 
 
+def worker_log_format(group: "WorkerGroup") -> str:
+    return ENGINE_LOG_FORMAT.replace(" engine ", f" worker {group.name} ")
+
+
+def ready(executors: dict[str, NodeExecutor]) -> WorkerReady:
+    return WorkerReady(os.getpid(), {node: (executor.max_batch_size, executor.chunkable)
+                                     for node, executor in executors.items()})
+
+
+def build(worker: WorkerSetup) -> dict[str, NodeExecutor]:
+    """Its nodes' executors from the model's files alone (`read_model`), on its device; what
+    fails is logged here (the caller answers StartFailed)."""
+    try:
+        return _build(worker)
+    except BaseException:
+        logger.exception("worker group %r could not build %s", worker.group.name, ", ".join(worker.group.nodes))
+        raise
+
+
 def _build(worker: WorkerSetup) -> dict[str, NodeExecutor]:
-    """Its nodes' executors from the model's files alone (`read_model`), on its device."""
     from omniwalk.engine_process import _register_families
     from omniwalk.loading import read_model
 
@@ -280,7 +385,7 @@ def _build(worker: WorkerSetup) -> dict[str, NodeExecutor]:
         import torch
 
         torch.cuda.set_device(device)
-    ctx = read_model(replace(args, device=device, tensor_parallel_size=1, placement=None))
+    ctx = read_model(replace(args, device=device, tensor_parallel_size=1, placement=None, ray_address=None))
     executors = {node: ctx.family.loader.worker_executors[node](ctx) for node in group.nodes}
     for node, executor in executors.items():
         check_stateless(node, executor)
@@ -307,16 +412,21 @@ def _serve(channel: Channel, executors: dict[str, NodeExecutor]) -> None:
             batch: RunBatch = channel.recv()
         except ChannelClosed:
             return
-        calls = [NodeCall(call, call.inputs, call.num_tokens) for call in batch.calls]
+        response = answer(executors, batch)
         try:
-            answer = BatchDone(executors[batch.node].run(calls))
-        except Exception as exc:   # the request at fault is found by the runtime's retries
-            logger.exception("node %s: a batch of %d calls failed", batch.node, len(calls))
-            answer = BatchFailed(f"{type(exc).__name__}: {exc}")
-        try:
-            channel.send(answer)
+            channel.send(response)
         except ChannelClosed:
             return
         except Exception as exc:   # outputs that do not pickle: the batch fails, not the worker
             logger.exception("node %s: could not send a batch's outputs", batch.node)
             channel.send(BatchFailed(f"outputs not sendable: {type(exc).__name__}: {exc}"))
+
+
+def answer(executors: dict[str, NodeExecutor], batch: RunBatch) -> BatchDone | BatchFailed:
+    """One batch run by this worker's executor of its node."""
+    calls = [NodeCall(call, call.inputs, call.num_tokens) for call in batch.calls]
+    try:
+        return BatchDone(executors[batch.node].run(calls))
+    except Exception as exc:   # the request at fault is found by the runtime's retries
+        logger.exception("node %s: a batch of %d calls failed", batch.node, len(calls))
+        return BatchFailed(f"{type(exc).__name__}: {exc}")

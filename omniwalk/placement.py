@@ -270,12 +270,14 @@ def _line(node: yaml.Node) -> int:
 
 
 def check_model(placement: Placement, family: "ModelFamily", config: Any, nodes: Mapping[str, "Node"] | None,
-                num_gpus: int) -> None:
+                num_gpus: int, workers_here: bool = True) -> None:
     """`placement` against the model (its `nodes`: None where the family cannot tell them
-    before loading; then `check_nodes` runs after) and this machine's `num_gpus`."""
+    before loading; then `check_nodes` runs after) and this machine's `num_gpus` (the
+    engine group's only when the worker groups run elsewhere: `workers_here` False, on Ray,
+    which finds their GPUs in its cluster)."""
     if nodes is not None:
         check_nodes(placement, nodes, family.name)
-    for group in placement.groups:
+    for group in placement.groups if workers_here else (placement.engine_group,):
         for device in group.gpus:
             if device >= num_gpus:
                 raise PlacementError(placement.source, group.lines.devices or group.lines.group,

@@ -102,6 +102,41 @@ def test_a_placement_with_workers_needs_the_engine_process():
                                                                                 "devices: [cpu, cpu]}]"))
 
 
+def test_a_ray_address_needs_worker_groups_the_engine_process_and_ray(monkeypatch, tmp_path, capsys):
+    """--ray-address is checked at the edge, without importing Ray (find_spec): it runs a
+    placement's worker groups (tests/distributed/test_ray_workers.py runs them)."""
+    split = load_placement(ORPHEUS_SPLIT)
+    assert EngineArgs("tiny-orpheus", engine_process=True, placement=split, ray_address="auto").ray_address == "auto"
+    with pytest.raises(ValueError, match="--ray-address runs a placement's worker groups as Ray actors: it needs "
+                                         "--placement FILE with a group besides the engine's"):
+        EngineArgs("tiny-orpheus", engine_process=True, ray_address="auto")
+    with pytest.raises(ValueError, match="needs --placement FILE with a group besides"):
+        EngineArgs("tiny-orpheus", engine_process=True, ray_address="auto",
+                   placement=parse_placement("groups: [{name: a}]"))
+    with pytest.raises(ValueError, match="a placement with worker groups needs the engine process"):
+        EngineArgs("tiny-orpheus", engine_process=False, placement=split, ray_address="auto")
+    with pytest.raises(ValueError, match="--ray-address is empty"):
+        EngineArgs("tiny-orpheus", engine_process=True, placement=split, ray_address=" ")
+    with monkeypatch.context() as patch:
+        import importlib.util
+
+        find_spec = importlib.util.find_spec
+        patch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else find_spec(name, *a))
+        with pytest.raises(ValueError, match=r"--ray-address needs Ray, which is not installed: pip install "
+                                             r"'omniwalk\[ray\]'"):
+            EngineArgs("tiny-orpheus", engine_process=True, placement=split, ray_address="auto")
+    assert main(["serve", "tiny-orpheus", "--ray-address", "auto", "--port", "0"]) == 2
+    assert "omniwalk: error: --ray-address runs a placement's worker groups" in capsys.readouterr().err
+    for command in (["bench"], ["generate", "tiny-orpheus", "hi"]):
+        assert build_parser().parse_args([*command, "--ray-address", "10.0.0.1:6379"]).ray_address == "10.0.0.1:6379"
+    # a worker group's GPUs are the cluster's, which Ray finds: not this machine's (it has none)
+    on_gpus = "groups:\n  - name: a\n  - name: b\n    nodes: [snac_decoder]\n    devices: [3]\n"
+    read_model(EngineArgs("tiny-orpheus", engine_process=True, placement=parse_placement(on_gpus, "p.yaml"),
+                          ray_address="auto"))
+    with pytest.raises(PlacementError, match=r"p.yaml:5: device cuda:3 is out of range"):
+        read_model(args_for(on_gpus, "tiny-orpheus"))
+
+
 def test_the_flags_and_the_file_agree(tmp_path):
     path = tmp_path / "tp.yaml"
     path.write_text("groups:\n  - name: decoder\n    devices: [cpu, cpu]\n")
