@@ -1,50 +1,46 @@
 """The two nodes of Whisper: a stateless encoder and the stateful decoder.
 
-Encoder: a batch stacks the windows of all its calls ([sum W, mels, 3000]) and runs
-them `max_windows` at a time; each call gets its own [W, 1500, d] states back.
+Encoder: a batch stacks the windows of all its calls ([sum W, mels, 3000]; Whisper's
+plan sends one window a call) and runs them `max_windows` at a time; each call gets its
+own [W, 1500, d] states back.
 
 Decoder: the shared `CausalLMExecutor` (chunked prefill beside decode steps, the decode
-CUDA graphs, the look-ahead step, sampling and its graphs), plus per stream the
-windows' encoder states and a cross-attention slot, bound into every forward pass the
+CUDA graphs, the look-ahead step, sampling and its graphs), plus per stream the current
+window's encoder states and a cross-attention slot, bound into every forward pass the
 way a hybrid model binds its state slots (`_eager_inputs`, `_row_slots`). The sequence
-is the token sequence of the window being decoded (paged self-attention KV). What a
-call does when its last position is computed depends on the stream's phase:
+is the token sequence of the window being decoded (paged self-attention KV); the stream's
+state (`TranscriptState`) lives across its windows' walks. What a call does when its
+last position is computed depends on the stream's phase:
 
     phase            sequence (token_ids)                  at the last position
     detect language  [sot]                                 argmax over language ids; the
                                                            sequence becomes window 0's prompt
     window w         prompt, then fed-back samples         sample; emit it, unless it is
-                                                           EOS and w is not the last window:
-                                                           then window w + 1 starts
+                                                           EOS: then the window ends
 
-    window 0: [prev.. sot en transcribe notimestamps] t0 t1 t2 EOS    (EOS swallowed)
-    window 1: [prev.. sot en transcribe notimestamps] u0 u1 EOS       (EOS emitted: stop)
-    client:   t0 t1 t2 u0 u1 EOS        -- the budget counts these items
+    window 0: [prev.. sot en transcribe notimestamps] t0 t1 t2 EOS    (WindowEnd, no item)
+    window 1: [prev.. sot en transcribe notimestamps] u0 u1 EOS       (WindowEnd; the plan's
+    client:   t0 t1 t2 u0 u1 EOS                                       `end` walk emits EOS)
 
-Where a window starts (`seek`, in mel frames) is decided when the one before ends: 30 s
-later without timestamps, where its timestamps say with them (timestamps.py); the window
-that would start past the audio's end is not decoded, so the one that just ended was the
-last. A window's encoder states come from the encoder node when it encoded that window
-up front, else the decoder encodes it (its features sliced at `seek`) the first time
-the window runs, batched with the other streams starting a window in that step.
+A window's end is not an item (the runtime's stop would end the whole stream at its
+EOS): the call's `window_end` is a `WindowEnd` (its EOS, the fallback's verdict, where
+the next window would start: 30 s later without timestamps, where its timestamps say with
+them, timestamps.py), and the walk ends there (`EndWalkIf`); the plan (model.py) picks
+the next walk. A later window, or a window again at the next temperature (fallback.py),
+comes back as a prefill (`begin` with a `DecoderPrompt`, `TranscriptState.start_window`):
+its encoder states from the encoder node, and `_sampling_params` gives the row that
+attempt's temperature.
 
-With a temperature fallback (fallback.py) a window whose tokens fail the checks when it
-ends is decoded again, from its prompt, at the next temperature of the request's
-schedule: its EOS is swallowed like a window boundary's, and `_sampling_params` gives the
-row that attempt's temperature.
-
-A phase change ends the call without outputs (None) and restarts the stream's sequence
-from position 0; the runtime keeps the stream at the node, and the next step computes
-the new sequence (chunked like any prefill). The old sequence's pages are given back
-and the new one's taken through the runtime's check/act (`can_reserve`, then `reserve`),
-never inside `run`. The EOS ending a window that is not the last is the one sample never
-emitted: the runtime's stop would end the whole stream at it. Language detection is not
-a sample (no sample index, whatever the temperature): those calls take their own eager
-pass beside the shared step.
+Language detection and a new window restart the stream's sequence from position 0
+(`restart`): the old sequence's pages are given back and the new one's taken through
+the runtime's check/act (`can_reserve`, then `reserve`), never inside `run`. Detection
+ends its call without outputs (None): the runtime keeps the stream at the node and the
+next step computes window 0's prompt (chunked like any prefill). Language detection is
+not a sample (no sample index, whatever the temperature): those calls take their own
+eager pass beside the shared step.
 
 A window's decoder context holds `max_target_positions` tokens. A sample drawn at the
-last position is EOS, so the window ends there (the next window starts, or the last
-window stops); no look-ahead step follows an EOS. A single-window request never gets
+last position is EOS, so the window ends there; no look-ahead step follows an EOS. A single-window request never gets
 there: its budget is at most `max_target_positions - prompt length` tokens.
 
 Suppression, as transformers applies it: `suppress_tokens` at every sample,
