@@ -230,7 +230,8 @@ def test_windows_are_walks_chosen_by_the_plan(eos_engine):
         before = dict(engine.stats.walk_counts)
         result = transcribe(engine, request)
         after = engine.stats.walk_counts
-        return result, {name: after.get(name, 0) - before.get(name, 0) for name in ("encode", "prefill", "decode", "end")}
+        return result, {name: after.get(name, 0) - before.get(name, 0)
+                        for name in ("encode", "prefill", "decode", "end")}
 
     result, counts = walks_of(TranscriptionRequest(audio, language="en"))
     assert result.usage.windows == 3 and result.finish_reason == "stop"

@@ -40,8 +40,9 @@ not a sample (no sample index, whatever the temperature): those calls take their
 eager pass beside the shared step.
 
 A window's decoder context holds `max_target_positions` tokens. A sample drawn at the
-last position is EOS, so the window ends there; no look-ahead step follows an EOS. A single-window request never gets
-there: its budget is at most `max_target_positions - prompt length` tokens.
+last position is EOS, so the window ends there; no look-ahead step follows an EOS. A
+single-window request never gets there: its budget is at most `max_target_positions -
+prompt length` tokens.
 
 Suppression, as transformers applies it: `suppress_tokens` at every sample,
 `begin_suppress_tokens` at a window's first sample (`SuppressTokens`, the shared
@@ -57,7 +58,7 @@ recomputed).
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -342,8 +343,8 @@ class DecoderExecutor(CausalLMExecutor):
         history = TokenHistory([]) if sampling is not None and sampling.has_penalties else None
         self.sequences[stream.handle] = TranscriptState(
             token_ids=first, prompt_len=len(first), history=history, encoder_states=tokens.encoder_states,
-            seek=tokens.seek, audio=tokens.audio, prompt=prompt, language=prompt.language, temperatures=tokens.temperatures,
-            align=tokens.align)
+            seek=tokens.seek, audio=tokens.audio, prompt=prompt, language=prompt.language,
+            temperatures=tokens.temperatures, align=tokens.align)
 
     def can_reserve(self, stream, num_tokens: int) -> bool:
         handle = stream.handle
