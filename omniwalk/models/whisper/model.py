@@ -92,12 +92,14 @@ def whisper_plan(view: StreamView) -> WalkCall | None:
     """encode, prefill, decode per window (and again per attempt); see the module docstring."""
     request: TranscriptionInputs = view.request
     last, ended = view.last_walk, view.kept.get("window_end")
-    if last is None or last == "end":
-        return _encode(request, 0) if last is None else None
+    if last is None:
+        return _encode(request, 0)
+    if last == "end":
+        return None
     if last == "encode":   # `ended`: the window before this one, if any
         seek = 0 if ended is None else ended.next_seek
         return WalkCall("prefill", {"tokens": request.decoder_prompt(view.kept["encoder_states"][0], seek, 0)})
-    if ended is None:      # the window goes on after its prefill; a decode walk ends only at a window's end
+    if ended is None:      # the window goes on after its prefill (a stop or the cap ends a decode walk unasked)
         return WalkCall("decode", {"tokens": view.kept["token"]}) if last == "prefill" else None
     return _after_window(request, ended, view.kept["encoder_states"][0])
 
