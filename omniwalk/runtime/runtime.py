@@ -5,8 +5,9 @@ each of its streams then steps through the walks its model's plan chooses. One `
 
   1. admit waiting requests: budgets become loop caps, streams are created;
   2. advance every stream that can move without running a node: edges to the client,
-     keeps, pushes into other streams' buffers, loop control, and at a walk's end the
-     plan's choice of the next walk. A stream stops at the next node it must run;
+     keeps, pushes into other streams' buffers, loop control, a walk ended early
+     (`EndWalkIf`), and at a walk's end the plan's choice of the next walk. A stream
+     stops at the next node it must run;
   3. for every node with streams waiting at it (later stages first), form one batch:
      single-unit work (decode steps) first, then by admission order, within the node's
      token budget and batch size. Prefill work is chunked where the node allows it, so
