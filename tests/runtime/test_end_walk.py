@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import pytest
 
 from omniwalk.graph import (
-    BudgetSpec, EndWalkIf, Keep, Loop, ModelGraph, Node, Sequential, StreamSpec, ToClient, Walk, WalkCall,
-    interpret_request,
+    BudgetSpec, EndWalkIf, GraphError, Keep, Loop, ModelGraph, Node, Sequential, StreamSpec, ToClient, Walk,
+    WalkCall, interpret_request,
 )
 from omniwalk.runtime import FunctionExecutor, Request, Runtime, StopConfig, StreamParams
 
@@ -76,3 +76,9 @@ def test_segments_end_without_an_item_and_the_budget_spans_them(limit):
     assert reason == ("length" if limit < len(every) else "stop")
     if limit >= len(every):
         assert walks == {"prefill": 3, "decode": 3, "last": 1}
+
+
+def test_end_walk_if_reads_a_value_the_walk_has():
+    with pytest.raises(GraphError, match=r"edge EndWalkIf\('done'\) reads 'done', which no walk input"):
+        ModelGraph([Walk("w", ("x",), Sequential(STEP, Keep("ended"), EndWalkIf("done"), ToClient("tok", "main")))],
+                   [StreamSpec("main")])
