@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from omniwalk.graph.primitives import (
-    Element, Keep, Loop, Node, Parallel, Sequential, ToClient, ToStream, Walk,
+    Element, EndWalkIf, Keep, Loop, Node, Parallel, Sequential, ToClient, ToStream, Walk,
 )
 
 
@@ -46,6 +46,11 @@ class PushToStream:
 
 
 @dataclass(frozen=True)
+class EndWalk:
+    value: str        # the walk ends here for a stream whose value is not None
+
+
+@dataclass(frozen=True)
 class EnterLoop:
     loop: str
     exit_pc: int
@@ -58,7 +63,7 @@ class LoopBack:
     carry: tuple[tuple[str, str], ...]
 
 
-Instruction = RunNode | EmitToClient | KeepValue | PushToStream | EnterLoop | LoopBack
+Instruction = RunNode | EmitToClient | KeepValue | PushToStream | EndWalk | EnterLoop | LoopBack
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,8 @@ def compile_walk(walk: Walk) -> CompiledWalk:
             program.append(KeepValue(element.value))
         elif isinstance(element, ToStream):
             program.append(PushToStream(element.value, element.stream))
+        elif isinstance(element, EndWalkIf):
+            program.append(EndWalk(element.value))
         elif isinstance(element, Sequential):
             for child in element.elements:
                 emit(child)

@@ -13,6 +13,7 @@ Semantics in brief:
 - After a stream finishes, its current walk completes the loop iteration it is in;
   loops do not iterate again and no further walk starts.
 - A loop runs at most its cap iterations (cap 0: none).
+- `EndWalkIf(v)` with v not None ends the walk there (the rest of it, loops included).
 - After each walk the plan picks the next one; consumer streams get one chunk per plan
   call and a final chunk exactly once.
 """
@@ -25,7 +26,7 @@ from typing import Any, Callable
 
 from omniwalk.graph.chunking import StreamBuffer
 from omniwalk.graph.model_graph import WAIT, ModelGraph, StreamView
-from omniwalk.graph.primitives import Keep, Loop, Node, Parallel, Sequential, ToClient, ToStream
+from omniwalk.graph.primitives import EndWalkIf, Keep, Loop, Node, Parallel, Sequential, ToClient, ToStream
 
 NodeFunction = Callable[[dict, dict], dict]   # (per-stream node state, inputs) -> outputs
 
@@ -35,6 +36,10 @@ class StreamResult:
     outputs: dict[str, list[Any]] = field(default_factory=lambda: defaultdict(list))
     finish_reason: str | None = None
     count: int = 0
+
+
+class _EndWalk(Exception):
+    """Raised by `EndWalkIf`: unwinds the walk being executed."""
 
 
 class _StreamRun:
@@ -73,6 +78,9 @@ class _StreamRun:
                     self.result.finish_reason = "length"
         elif isinstance(element, Keep):
             self.kept[element.value] = env[element.value]
+        elif isinstance(element, EndWalkIf):
+            if env[element.value] is not None:
+                raise _EndWalk
         elif isinstance(element, ToStream):
             stopped_here = self.result.finish_reason == "stop" and self.budget and element.value == self.budget.value
             if not stopped_here:
@@ -136,7 +144,10 @@ def interpret_request(
                 raise ValueError(f"stream {name!r} waits with all of its input delivered")
             walk = graph.walks[call.walk]
             env = dict(call.inputs)
-            run.execute(walk.graph, env, functions)
+            try:
+                run.execute(walk.graph, env, functions)
+            except _EndWalk:
+                pass
             last_walk = call.walk
         for target, items in run.pushes.items():
             pending_pushes[target].extend(items)

@@ -71,7 +71,17 @@ class ToStream:
     stream: str
 
 
-Edge = Union[ToClient, Keep, ToStream]
+@dataclass(frozen=True)
+class EndWalkIf:
+    """When the stream's `value` is not None, its walk ends here: the elements after it,
+    and further iterations of a loop around it, do not run (the plan then chooses what
+    follows). A node that may end its loop without an item to emit (Whisper: the EOS that
+    ends a window) writes such a value, read before the emitting edges."""
+
+    value: str
+
+
+Edge = Union[ToClient, Keep, ToStream, EndWalkIf]
 
 
 @dataclass(frozen=True, init=False)
@@ -110,7 +120,7 @@ class Loop:
         return hash((self.name, self.body, tuple(sorted(self.carry.items()))))
 
 
-Element = Union[Node, ToClient, Keep, ToStream, Sequential, Parallel, Loop]
+Element = Union[Node, ToClient, Keep, ToStream, EndWalkIf, Sequential, Parallel, Loop]
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from omniwalk.graph.primitives import (
-    Element, Keep, Loop, Node, Parallel, Sequential, ToClient, ToStream, Walk,
+    Element, EndWalkIf, Keep, Loop, Node, Parallel, Sequential, ToClient, ToStream, Walk,
 )
 
 
@@ -71,7 +71,7 @@ class _Checker:
                 self.producer[name] = element.name
                 self.unconsumed[name] = element.name
             return available | set(element.outputs)
-        if isinstance(element, (ToClient, Keep, ToStream)):
+        if isinstance(element, (ToClient, Keep, ToStream, EndWalkIf)):
             self.read(element.value, available, f"edge {type(element).__name__}({element.value!r})", later)
             return available
         if isinstance(element, Sequential):

@@ -5,8 +5,9 @@ each of its streams then steps through the walks its model's plan chooses. One `
 
   1. admit waiting requests: budgets become loop caps, streams are created;
   2. advance every stream that can move without running a node: edges to the client,
-     keeps, pushes into other streams' buffers, loop control, and at a walk's end the
-     plan's choice of the next walk. A stream stops at the next node it must run;
+     keeps, pushes into other streams' buffers, loop control, a walk ended early
+     (`EndWalkIf`), and at a walk's end the plan's choice of the next walk. A stream
+     stops at the next node it must run;
   3. for every node with streams waiting at it (later stages first), form one batch:
      single-unit work (decode steps) first, then by admission order, within the node's
      token budget and batch size. Prefill work is chunked where the node allows it, so
@@ -40,7 +41,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from omniwalk.graph.chunking import StreamBuffer
-from omniwalk.graph.compiled import EmitToClient, EnterLoop, KeepValue, LoopBack, PushToStream
+from omniwalk.graph.compiled import EmitToClient, EndWalk, EnterLoop, KeepValue, LoopBack, PushToStream
 from omniwalk.graph.model_graph import WAIT, ModelGraph, StreamView, WalkCall
 from omniwalk.graph.primitives import Node
 from omniwalk.runtime.executor import NodeCall, NodeExecutor
@@ -239,7 +240,7 @@ class Runtime:
 
     # Each handler runs one instruction for streams at one pc and moves their pc on; one
     # that raises for a stream records it in `_edge_failures` and goes on with the others.
-    # The loop instructions return the streams grouped by where they went (non-empty groups).
+    # The loop instructions and EndWalk return the streams grouped by where they went (non-empty groups).
 
     def _emit_to_client(self, streams: list[StreamState], instruction: EmitToClient) -> None:
         value, modality, deferred, outputs = instruction.value, instruction.modality, instruction.deferred, self.outputs
@@ -289,6 +290,22 @@ class Runtime:
             if consumer.buffer.has_ready:   # waking it for a push that completes no chunk is a no-op
                 self._wake_consumer(consumer)
 
+    def _end_walk(self, streams: list[StreamState], instruction: EndWalk) -> list[list[StreamState]]:
+        value, going_on, ended = instruction.value, [], []
+        for stream in streams:
+            try:
+                end = stream.env[value] is not None
+            except Exception as exc:
+                self._edge_failures.append((stream, exc))
+                continue
+            if end:
+                stream.pc = len(stream.walk.program)
+                ended.append(stream)
+            else:
+                stream.pc += 1
+                going_on.append(stream)
+        return [group for group in (going_on, ended) if group]
+
     def _enter_loop(self, streams: list[StreamState], instruction: EnterLoop) -> list[list[StreamState]]:
         loop, inside, skipped = instruction.loop, [], []
         for stream in streams:
@@ -324,7 +341,7 @@ class Runtime:
 
     # what each instruction other than RunNode does to a stream
     _HANDLERS = {EmitToClient: _emit_to_client, KeepValue: _keep_value, PushToStream: _push_to_stream,
-                 EnterLoop: _enter_loop, LoopBack: _loop_back}
+                 EndWalk: _end_walk, EnterLoop: _enter_loop, LoopBack: _loop_back}
 
     def _start_next_walk(self, stream: StreamState) -> bool:
         view = StreamView(stream.name, stream.owner.request.inputs, stream.last_walk, stream.kept)

@@ -219,6 +219,29 @@ def test_long_audio_windows_in_order_joined_by_a_space(eos_engine, checkpoint):
     assert cut.token_ids == expected[:n] and cut.finish_reason == "length"
 
 
+def test_windows_are_walks_chosen_by_the_plan(eos_engine):
+    """Each window of a 65 s clip is its own encode, prefill and decode walks, chosen by the
+    plan; the `end` walk emits the last window's EOS. A budget that runs out in window 1
+    starts no window 2."""
+    engine, _, _ = eos_engine
+    audio = np.concatenate([clip("noise", 30, seed=3), clip("chirp", 30, seed=1), clip("sine", 5, seed=2)])
+
+    def walks_of(request):
+        before = dict(engine.stats.walk_counts)
+        result = transcribe(engine, request)
+        after = engine.stats.walk_counts
+        return result, {name: after.get(name, 0) - before.get(name, 0)
+                        for name in ("encode", "prefill", "decode", "end")}
+
+    result, counts = walks_of(TranscriptionRequest(audio, language="en"))
+    assert result.usage.windows == 3 and result.finish_reason == "stop"
+    assert counts["encode"] == counts["prefill"] == 3 and counts["end"] == 1 and counts["decode"] <= 3
+    first_window = [t for s in result.segments if s.window == 0 for t in s.token_ids]
+    cut, counts = walks_of(greedy(audio, len(first_window) + 1, language="en"))
+    assert cut.token_ids == result.token_ids[: len(first_window) + 1] and cut.finish_reason == "length"
+    assert counts["encode"] == counts["prefill"] == 2 and counts["end"] == 0
+
+
 # ---------------------------------------------------------------- batching and resources
 
 

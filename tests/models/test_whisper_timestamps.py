@@ -168,6 +168,17 @@ def test_a_failing_window_is_decoded_again_at_each_temperature(engine, checkpoin
     assert "".join(c.text for c in streamed) == result.text
 
 
+def test_each_attempt_of_a_window_is_a_prefill_walk(engine):
+    """The plan decodes the failing window again: one encode walk, a prefill walk per
+    temperature (the window's encoder states are kept), the EOS emitted by `end`."""
+    before = dict(engine.stats.walk_counts)
+    result = transcribe(engine, TranscriptionRequest(clip("chirp", 11), language="en", temperature=(0.0, 0.5, 1.0),
+                                                     seed=3))
+    after = engine.stats.walk_counts
+    counts = {name: after.get(name, 0) - before.get(name, 0) for name in ("encode", "prefill", "end")}
+    assert result.usage.windows == 1 and counts == {"encode": 1, "prefill": 3, "end": 1}
+
+
 # ---------------------------------------------------------------- word timestamps
 
 

@@ -1,51 +1,48 @@
 """The two nodes of Whisper: a stateless encoder and the stateful decoder.
 
-Encoder: a batch stacks the windows of all its calls ([sum W, mels, 3000]) and runs
-them `max_windows` at a time; each call gets its own [W, 1500, d] states back.
+Encoder: a batch stacks the windows of all its calls ([sum W, mels, 3000]; Whisper's
+plan sends one window a call) and runs them `max_windows` at a time; each call gets its
+own [W, 1500, d] states back.
 
 Decoder: the shared `CausalLMExecutor` (chunked prefill beside decode steps, the decode
-CUDA graphs, the look-ahead step, sampling and its graphs), plus per stream the
-windows' encoder states and a cross-attention slot, bound into every forward pass the
+CUDA graphs, the look-ahead step, sampling and its graphs), plus per stream the current
+window's encoder states and a cross-attention slot, bound into every forward pass the
 way a hybrid model binds its state slots (`_eager_inputs`, `_row_slots`). The sequence
-is the token sequence of the window being decoded (paged self-attention KV). What a
-call does when its last position is computed depends on the stream's phase:
+is the token sequence of the window being decoded (paged self-attention KV); the stream's
+state (`TranscriptState`) lives across its windows' walks. What a call does when its
+last position is computed depends on the stream's phase:
 
     phase            sequence (token_ids)                  at the last position
     detect language  [sot]                                 argmax over language ids; the
                                                            sequence becomes window 0's prompt
     window w         prompt, then fed-back samples         sample; emit it, unless it is
-                                                           EOS and w is not the last window:
-                                                           then window w + 1 starts
+                                                           EOS: then the window ends
 
-    window 0: [prev.. sot en transcribe notimestamps] t0 t1 t2 EOS    (EOS swallowed)
-    window 1: [prev.. sot en transcribe notimestamps] u0 u1 EOS       (EOS emitted: stop)
-    client:   t0 t1 t2 u0 u1 EOS        -- the budget counts these items
+    window 0: [prev.. sot en transcribe notimestamps] t0 t1 t2 EOS    (WindowEnd, no item)
+    window 1: [prev.. sot en transcribe notimestamps] u0 u1 EOS       (WindowEnd; the plan's
+    client:   t0 t1 t2 u0 u1 EOS                                       `end` walk emits EOS)
 
-Where a window starts (`seek`, in mel frames) is decided when the one before ends: 30 s
-later without timestamps, where its timestamps say with them (timestamps.py); the window
-that would start past the audio's end is not decoded, so the one that just ended was the
-last. A window's encoder states come from the encoder node when it encoded that window
-up front, else the decoder encodes it (its features sliced at `seek`) the first time
-the window runs, batched with the other streams starting a window in that step.
+A window's end is not an item (the runtime's stop would end the whole stream at its
+EOS): the call's `window_end` is a `WindowEnd` (its EOS, the fallback's verdict, where
+the next window would start: 30 s later without timestamps, where its timestamps say with
+them, timestamps.py), and the walk ends there (`EndWalkIf`); the plan (model.py) picks
+the next walk. A later window, or a window again at the next temperature (fallback.py),
+comes back as a prefill (`begin` with a `DecoderPrompt`, `TranscriptState.start_window`):
+its encoder states from the encoder node, and `_sampling_params` gives the row that
+attempt's temperature.
 
-With a temperature fallback (fallback.py) a window whose tokens fail the checks when it
-ends is decoded again, from its prompt, at the next temperature of the request's
-schedule: its EOS is swallowed like a window boundary's, and `_sampling_params` gives the
-row that attempt's temperature.
-
-A phase change ends the call without outputs (None) and restarts the stream's sequence
-from position 0; the runtime keeps the stream at the node, and the next step computes
-the new sequence (chunked like any prefill). The old sequence's pages are given back
-and the new one's taken through the runtime's check/act (`can_reserve`, then `reserve`),
-never inside `run`. The EOS ending a window that is not the last is the one sample never
-emitted: the runtime's stop would end the whole stream at it. Language detection is not
-a sample (no sample index, whatever the temperature): those calls take their own eager
-pass beside the shared step.
+Language detection and a new window restart the stream's sequence from position 0
+(`restart`): the old sequence's pages are given back and the new one's taken through
+the runtime's check/act (`can_reserve`, then `reserve`), never inside `run`. Detection
+ends its call without outputs (None): the runtime keeps the stream at the node and the
+next step computes window 0's prompt (chunked like any prefill). Language detection is
+not a sample (no sample index, whatever the temperature): those calls take their own
+eager pass beside the shared step.
 
 A window's decoder context holds `max_target_positions` tokens. A sample drawn at the
-last position is EOS, so the window ends there (the next window starts, or the last
-window stops); no look-ahead step follows an EOS. A single-window request never gets
-there: its budget is at most `max_target_positions - prompt length` tokens.
+last position is EOS, so the window ends there; no look-ahead step follows an EOS. A
+single-window request never gets there: its budget is at most `max_target_positions -
+prompt length` tokens.
 
 Suppression, as transformers applies it: `suppress_tokens` at every sample,
 `begin_suppress_tokens` at a window's first sample (`SuppressTokens`, the shared
@@ -61,7 +58,7 @@ recomputed).
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -113,10 +110,12 @@ class EncoderExecutor(NodeExecutor):
 
 @dataclass(frozen=True)
 class DecoderPrompt:
-    """The decoder's prefill input: the encoder states of the windows encoded up front,
-    the recording's frames (for the windows encoded later) and the forced prompt."""
+    """The decoder's prefill input: one window (or one more attempt of it), with its encoder
+    states, and the request's frames, forced prompt and temperatures (taken at its first window)."""
 
-    encoder_states: dict[int, torch.Tensor]    # seek -> [source_len, d_model] on the device
+    encoder_states: torch.Tensor               # the window's, [source_len, d_model] on the device
+    seek: int                                  # the window's first mel frame
+    attempt: int                               # decoded at temperatures[attempt]; 0: a new window
     audio: MelFrames
     prompt: ForcedPrompt
     temperatures: tuple[float, ...] = (0.0,)   # a window's attempts (the first: the stream's own)
@@ -147,13 +146,25 @@ class WindowTimes:
     times: tuple[float, ...]
 
 
+@dataclass(frozen=True)
+class WindowEnd:
+    """What the decoder keeps for the plan when a window ends (its EOS sampled, or its
+    context full): the plan decodes it again, starts the next window, or ends the stream
+    with `eos` (sent with `info`, which carries the window's word times, if any)."""
+
+    eos: int
+    info: WindowInfo
+    fails: bool        # its output failed the fallback's checks (checked only while a temperature is left)
+    next_seek: int     # where the next window would start (timestamps.py); past the audio: there is none
+
+
 @dataclass
 class TranscriptState(SequenceState):
     """One stream's decoding, across its windows. `token_ids` is the current window's
     sequence (prompt, then fed-back samples); `output_ids` every sample of the stream
     (its length is the sample index)."""
 
-    encoder_states: dict[int, torch.Tensor] = field(default_factory=dict)   # seek -> [S, d], while needed
+    encoder_states: torch.Tensor | None = None   # the current window's, [S, d]
     audio: MelFrames | None = None
     prompt: ForcedPrompt | None = None
     language: int | None = None          # the language token (given, or once detected)
@@ -174,11 +185,15 @@ class TranscriptState(SequenceState):
     def detecting(self) -> bool:
         return self.language is None and self.prompt.detects_language
 
+    def window_info(self) -> WindowInfo:
+        """The window of an item emitted now, with the times of a window that ended, if any."""
+        return WindowInfo(self.window, self.language, self.seek, self.audio.window_length(self.seek), self.attempt,
+                          self.temperatures[self.attempt], self.aligned)
+
     def next_info(self) -> WindowInfo:
         """The window of the item emitted now; it carries the times of a window that ended (once)."""
-        aligned, self.aligned = self.aligned, None
-        return WindowInfo(self.window, self.language, self.seek, self.audio.window_length(self.seek), self.attempt,
-                          self.temperatures[self.attempt], aligned)
+        info, self.aligned = self.window_info(), None
+        return info
 
     @property
     def can_fall_back(self) -> bool:
@@ -193,16 +208,14 @@ class TranscriptState(SequenceState):
         """A phase change: the sequence starts over from position 0."""
         self.token_ids, self.num_computed, self.restarted = token_ids, 0, True
 
-    def next_window(self, seek: int, stream_sampling: SamplingParams) -> None:
-        """The window at `seek` starts from the forced prompt, at the first temperature."""
-        self.encoder_states.pop(self.seek, None)
-        self.window += 1
-        self.seek = seek
-        self._start_attempt(0, stream_sampling)
-
-    def retry_window(self, stream_sampling: SamplingParams) -> None:
-        """The window starts over at the next temperature (its output failed the checks)."""
-        self._start_attempt(self.attempt + 1, stream_sampling)
+    def start_window(self, prompt: DecoderPrompt, stream_sampling: SamplingParams) -> None:
+        """The plan's next window from the forced prompt (attempt 0), or the current one
+        again at a later temperature (its output failed the fallback's checks; its
+        cross-attention slot stays)."""
+        if prompt.attempt == 0:
+            self.window += 1
+            self.seek, self.encoder_states = prompt.seek, prompt.encoder_states
+        self._start_attempt(prompt.attempt, stream_sampling)
 
     def _start_attempt(self, attempt: int, stream_sampling: SamplingParams) -> None:
         self.attempt = attempt
@@ -319,14 +332,19 @@ class DecoderExecutor(CausalLMExecutor):
         if isinstance(tokens, int):      # a decode step: the token sampled last
             super().begin(stream, inputs)
             return
+        state = self.sequences.get(stream.handle)
+        if state is not None:            # a later window or attempt: a new sequence (pages: `reserve`)
+            state.start_window(tokens, stream.params.sampling)
+            self._batch_rows = None      # the row's sampling parameters may have changed
+            return
         prompt = tokens.prompt
         first = [prompt.init[0]] if prompt.detects_language else prompt.ids()
         sampling = stream.params.sampling
         history = TokenHistory([]) if sampling is not None and sampling.has_penalties else None
         self.sequences[stream.handle] = TranscriptState(
-            token_ids=first, prompt_len=len(first), history=history, encoder_states=dict(tokens.encoder_states),
-            audio=tokens.audio, prompt=prompt, language=prompt.language, temperatures=tokens.temperatures,
-            align=tokens.align)
+            token_ids=first, prompt_len=len(first), history=history, encoder_states=tokens.encoder_states,
+            seek=tokens.seek, audio=tokens.audio, prompt=prompt, language=prompt.language,
+            temperatures=tokens.temperatures, align=tokens.align)
 
     def can_reserve(self, stream, num_tokens: int) -> bool:
         handle = stream.handle
@@ -407,41 +425,30 @@ class DecoderExecutor(CausalLMExecutor):
             if result["token"] not in eos_ids:
                 if state.align and _is_last_item(calls[index].stream):   # the budget cuts the window here
                     self._align(state, state.window_tokens)
-                result["window"] = state.next_info()
+                result["window"], result["window_end"] = state.next_info(), None
                 continue
             ended.add(index)
-            results[index] = self._end_window(state, result, calls[index].stream.params.sampling, index in forced)
+            result["window"], result["window_end"] = None, self._end_window(state, result["token"], index in forced)
         return results, ended
 
-    def _end_window(self, state: TranscriptState, result: dict, stream_sampling: SamplingParams,
-                    forced: bool) -> dict | None:
-        """The EOS that ends a window (`forced`: it is not a sample, the context was full):
-        the window is decoded again at the next temperature, or the next window starts,
-        or the stream ends with it (the last window: the one EOS emitted)."""
+    def _end_window(self, state: TranscriptState, eos: int, forced: bool) -> WindowEnd:
+        """The EOS that ends a window (`forced`: it is not a sample, the context was full),
+        not emitted here: what the plan decides the next walk from. The window's word
+        times are aligned now, unless it is decoded again."""
         tokens = state.window_tokens
         checked = tokens[:-1] if forced else tokens
-        if state.can_fall_back and window_fails(checked, state.logprob_sum, state.num_logprobs,
-                                                self.model.config.vocab_size):
-            state.retry_window(stream_sampling)
-            self._batch_rows = None    # the rows' sampling parameters changed
-            return None
-        if state.align:
+        fails = state.can_fall_back and window_fails(checked, state.logprob_sum, state.num_logprobs,
+                                                     self.model.config.vocab_size)
+        if state.align and not fails:
             self._align(state, checked)
-        next_seek = state.seek + self._window_advance(state, tokens[:-1])
-        if next_seek >= state.audio.num_frames:
-            result["window"] = state.next_info()
-            return result
-        if state.sampling is not None:   # back to the stream's own sampling parameters
-            self._batch_rows = None
-        state.next_window(next_seek, stream_sampling)
-        return None
+        return WindowEnd(eos, state.window_info(), fails, state.seek + self._window_advance(state, tokens[:-1]))
 
     def _align(self, state: TranscriptState, tokens: list[int]) -> None:
         """The window's token times (`tokens`: its samples, an EOS sampled included), for
         the next item to carry. One eager decoder pass over the window (alignment.py)."""
         prompt = state.prompt.ids(state.language)
         heads = self.generation.alignment_heads
-        weights = alignment_weights(self.model.decoder, self._window_states([state])[0], prompt + tokens[:-1], heads)
+        weights = alignment_weights(self.model.decoder, state.encoder_states, prompt + tokens[:-1], heads)
         times = token_times(weights[:, len(prompt):], len(tokens), state.audio.window_audio_frames(state.seek),
                             self.model.config.median_filter_width)
         state.aligned = WindowTimes(state.window, state.attempt, tuple(times))
@@ -466,18 +473,6 @@ class DecoderExecutor(CausalLMExecutor):
         step = self.max_cross_writes
         for start in range(0, len(handles), step):
             part = states[start : start + step]
-            encoder_states = torch.stack(self._window_states(part))   # [n, S, d]
+            encoder_states = torch.stack([state.encoder_states for state in part])   # [n, S, d]
             keys, values = self.model.decoder.cross_key_values(encoder_states)
             self.cross.write(handles[start : start + step], keys, values)
-
-    def _window_states(self, states: list[TranscriptState]) -> list[torch.Tensor]:
-        """Each stream's encoder states of its current window: encoded up front, or now
-        (its features sliced at the window's seek, the streams' windows in one batch)."""
-        missing = [s for s in states if s.seek not in s.encoder_states]
-        if missing:
-            features = torch.stack([s.audio.window(s.seek) for s in missing])
-            weight = self.model.encoder.conv1.weight
-            encoded = self.model.encoder(features.to(weight.device, weight.dtype))
-            for state, window_states in zip(missing, encoded):   # copies: not the whole batch kept alive
-                state.encoder_states[state.seek] = window_states.clone()
-        return [s.encoder_states[s.seek] for s in states]

@@ -1,25 +1,37 @@
 """Whisper as a walk graph: a stateless encoder node and a stateful decoder node.
 
     transcript stream (budgeted: max_output_tokens counts its tokens; stop: EOS)
-      encode:   encoder(features) -> encoder_states                Keep     (the windows known up front)
-      prefill:  decoder(DecoderPrompt) -> token, window   ToClient, Keep    (first item)
-      decode:   Loop "decode" [ decoder(token) -> token, window   ToClient ]   (cap N - 1)
+      encode:   encoder(features) -> encoder_states                          Keep   (one window)
+      prefill:  decoder(DecoderPrompt) -> token, window, window_end   Keep, EndWalkIf,
+                                                                      ToClient, Keep (first item)
+      decode:   Loop "decode" [ decoder(token) -> token, window, window_end   Keep, EndWalkIf,
+                                                                              ToClient ]
+      end:      token, window (the last window's EOS)                        ToClient
 
-The plan: encode, then prefill from the kept encoder states and the request's forced
-prompt, then decode from the kept token, then done. With N = 1 the stream ends at its
-prefill. The encoder batches the windows of every request that reaches it in one step;
-the decoder batches prefill chunks and decode steps of all streams (see executors.py for
-its phases: language detection, windows, the window boundary inside the decode loop).
+Each window of the audio is its own walks, chosen by the plan: encode the window (the
+encoder batches the windows of every stream that reaches it in one step), prefill from
+the forced prompt with its encoder states, decode. When a window ends (its EOS sampled,
+or its decoder context full) the decoder writes a `WindowEnd` instead of an item and the
+walk ends there (`EndWalkIf`): the window's EOS is not emitted, since the runtime's stop
+would end the stream at it. The plan reads the kept `WindowEnd`:
 
-Audio longer than one window: the decoder runs the windows in order on the one stream,
-each from the same forced prompt with its own encoder states (window w's transcript is
-not a prompt for window w + 1, as transformers' default). Without timestamps the windows
-follow each other every 30 s and the encoder node encodes them all up front; with
-timestamps a window starts where the last one's timestamps say (timestamps.py), so the
-encoder node encodes the first and the decoder node each later one as it starts. The
-budget counts transcript tokens across all windows; the EOS that ends a window other
-than the last is not emitted. The texts of the windows are joined with a single space
-(transcribe.py).
+    the window failed the fallback's checks    prefill it again at the next temperature
+                                               (fallback.py; its encoder states are kept)
+    the next window starts inside the audio    encode the window at `next_seek`
+    else                                       `end`: emit the EOS; then the stream is done
+
+    window 0: encode  prefill  decode ... (EOS: WindowEnd)
+    window 1: encode  prefill  decode ... (EOS: WindowEnd)   end (EOS emitted: stop)
+    client:   t0 t1 t2 u0 u1 EOS        -- the budget counts these items
+
+Without timestamps the next window starts 30 s later; with them, where the window's
+timestamps say (timestamps.py). Every window starts from the same forced prompt (window
+w's transcript is not a prompt for window w + 1, as transformers' default). Language
+detection is a phase of window 0's prefill (executors.py). The budget is the stream's:
+the runtime counts and stop-checks every item the stream emits, in whichever walk, so
+N tokens span the windows (the decode loop's cap, N - 1, bounds each window's loop; the
+stop at the N-th item ends it). With N = 1 the stream ends at its first prefill. The
+texts of the windows are joined with a single space (transcribe.py).
 """
 
 from __future__ import annotations
@@ -32,17 +44,18 @@ from omniwalk.engine.cross_attention import CrossAttentionCache
 from omniwalk.engine.cuda_graphs import DecodeGraphs
 from omniwalk.engine.kv_cache import PagedKVCache
 from omniwalk.graph import (
-    BudgetSpec, Keep, Loop, ModelGraph, Node, Sequential, StreamSpec, StreamView, ToClient, Walk, WalkCall,
+    BudgetSpec, EndWalkIf, Keep, Loop, ModelGraph, Node, Sequential, StreamSpec, StreamView, ToClient, Walk,
+    WalkCall,
 )
 from omniwalk.models.whisper.config import ForcedPrompt, WhisperGenerationConfig
-from omniwalk.models.whisper.executors import DecoderExecutor, DecoderPrompt, EncoderExecutor
+from omniwalk.models.whisper.executors import DecoderExecutor, DecoderPrompt, EncoderExecutor, WindowEnd
 from omniwalk.models.whisper.features import LogMelFeatures, MelFrames
 from omniwalk.models.whisper.modeling import WhisperForConditionalGeneration
 
 TRANSCRIPT_STREAM = "transcript"
 
 ENCODER = Node("encoder", inputs=("features",), outputs=("encoder_states",))
-DECODER = Node("decoder", inputs=("tokens",), outputs=("token", "window"), stateful=True)
+DECODER = Node("decoder", inputs=("tokens",), outputs=("token", "window", "window_end"), stateful=True)
 
 
 def whisper_nodes(config) -> tuple[Node, ...]:
@@ -52,10 +65,13 @@ def whisper_nodes(config) -> tuple[Node, ...]:
 
 def whisper_graph() -> ModelGraph:
     emit = (ToClient("token", "tokens"), ToClient("window", "windows"))
+    ends = (Keep("window_end"), EndWalkIf("window_end"))   # a window's EOS: no item; the plan decides
     encode = Walk("encode", ("features",), Sequential(ENCODER, Keep("encoder_states")))
-    prefill = Walk("prefill", ("tokens",), Sequential(DECODER, *emit, Keep("token")))
-    decode = Walk("decode", ("tokens",), Loop("decode", Sequential(DECODER, *emit), carry={"token": "tokens"}))
-    return ModelGraph([encode, prefill, decode], [StreamSpec(TRANSCRIPT_STREAM, BudgetSpec("token", loop="decode"))])
+    prefill = Walk("prefill", ("tokens",), Sequential(DECODER, *ends, *emit, Keep("token")))
+    decode = Walk("decode", ("tokens",), Loop("decode", Sequential(DECODER, *ends, *emit), carry={"token": "tokens"}))
+    end = Walk("end", ("token", "window"), Sequential(*emit))
+    return ModelGraph([encode, prefill, decode, end],
+                      [StreamSpec(TRANSCRIPT_STREAM, BudgetSpec("token", loop="decode"))])
 
 
 @dataclass(frozen=True)
@@ -67,28 +83,38 @@ class TranscriptionInputs:
     temperatures: tuple[float, ...] = (0.0,)   # a window's attempts, in order (fallback.py)
     word_timestamps: bool = False              # each window's token times by alignment (alignment.py)
 
-    @property
-    def encoded_seeks(self) -> tuple[int, ...]:
-        """The windows the encoder node encodes: those whose start is known before decoding."""
-        return (0,) if self.prompt.timestamps else self.audio.consecutive_seeks
-
-    @property
-    def features(self) -> torch.Tensor:
-        """[len(encoded_seeks), num_mel_bins, window_frames]"""
-        return self.audio.windows(self.encoded_seeks)
+    def decoder_prompt(self, encoder_states: torch.Tensor, seek: int, attempt: int) -> DecoderPrompt:
+        return DecoderPrompt(encoder_states, seek, attempt, self.audio, self.prompt, self.temperatures,
+                             self.word_timestamps)
 
 
 def whisper_plan(view: StreamView) -> WalkCall | None:
+    """encode, prefill, decode per window (and again per attempt); see the module docstring."""
     request: TranscriptionInputs = view.request
-    if view.last_walk is None:
-        return WalkCall("encode", {"features": request.features})
-    if view.last_walk == "encode":
-        states = dict(zip(request.encoded_seeks, view.kept["encoder_states"]))
-        return WalkCall("prefill", {"tokens": DecoderPrompt(states, request.audio, request.prompt,
-                                                            request.temperatures, request.word_timestamps)})
-    if view.last_walk == "prefill":
-        return WalkCall("decode", {"tokens": view.kept["token"]})
-    return None
+    last, ended = view.last_walk, view.kept.get("window_end")
+    if last is None:
+        return _encode(request, 0)
+    if last == "end":
+        return None
+    if last == "encode":   # `ended`: the window before this one, if any
+        seek = 0 if ended is None else ended.next_seek
+        return WalkCall("prefill", {"tokens": request.decoder_prompt(view.kept["encoder_states"][0], seek, 0)})
+    if ended is None:      # the window goes on after its prefill (a stop or the cap ends a decode walk unasked)
+        return WalkCall("decode", {"tokens": view.kept["token"]}) if last == "prefill" else None
+    return _after_window(request, ended, view.kept["encoder_states"][0])
+
+
+def _after_window(request: TranscriptionInputs, ended: WindowEnd, encoder_states: torch.Tensor) -> WalkCall:
+    if ended.fails:
+        return WalkCall("prefill", {"tokens": request.decoder_prompt(encoder_states, ended.info.seek,
+                                                                     ended.info.attempt + 1)})
+    if ended.next_seek < request.audio.num_frames:
+        return _encode(request, ended.next_seek)
+    return WalkCall("end", {"token": ended.eos, "window": ended.info})
+
+
+def _encode(request: TranscriptionInputs, seek: int) -> WalkCall:
+    return WalkCall("encode", {"features": request.audio.windows((seek,))})
 
 
 class WhisperTranscriptionModel:
