@@ -30,7 +30,7 @@ def run_text(engine: Engine) -> list:
     # logprobs rounded: the engine process may batch the three prefills differently (they
     # arrive one message at a time), and a float32 GEMM over other rows rounds apart
     return [(r.token_ids, r.text, r.finish_reason,
-             [(round(p.logprob, 4), [(i, round(v, 4)) for i, v in p.top]) for p in r.logprobs or ()])
+             [p and (round(p.logprob, 4), [(i, round(v, 4)) for i, v in p.top]) for p in r.logprobs or ()])
             for r in engine.generate(requests())]
 
 
