@@ -35,8 +35,11 @@ def split_engine(**args) -> Engine:
 
 
 def speak(engine: Engine) -> list:
-    streams = [engine.submit(request) for request in REQUESTS]   # all at once: SNAC's batches mix them
-    return [(r.pcm, r.token_ids, r.finish_reason, r.usage) for r in map(collect_speech, streams)]
+    # one at a time: submitted together, how many prefills share a step depends on when each
+    # arrives, and a float32 batch over other rows rounds a sample or two 1 LSB apart; SNAC
+    # still batches each request's windows, and the abort and kill tests mix requests
+    return [(r.pcm, r.token_ids, r.finish_reason, r.usage)
+            for r in (collect_speech(engine.submit(request)) for request in REQUESTS)]
 
 
 @functools.cache   # once per test process, whichever module asks first

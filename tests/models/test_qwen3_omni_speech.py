@@ -195,18 +195,20 @@ def test_the_repetition_penalty_reads_the_seen_codes_as_it_read_the_histories(sp
 
     def frames(penalty=3.0):   # the request's seed is the Talker's too
         said.clear()
-        requests = [GenerationRequest(prompt_token_ids=PROMPT[:-1] + [12 + i], max_tokens=4, ignore_eos=True,
+        requests = [GenerationRequest(prompt_token_ids=PROMPT[:-1] + [12 + i], max_tokens=3, ignore_eos=True,
                                       sampling=SamplingParams(temperature=0.0, seed=i),
-                                      speech=SpeechOutput("Ethan", 24, sampling=SamplingParams(
+                                      speech=SpeechOutput("Ethan", 16, sampling=SamplingParams(
                                           temperature=1.0, top_k=8, repetition_penalty=penalty)))
-                    for i in range(3)]
-        results = [collect_generation(s) for s in [speaking_engine.submit(r) for r in requests]]
-        assert all(len(r.audio) == 2 * samples(24) for r in results)
+                    for i in range(2)]
+        # one at a time: submitted together, the prefills may share a step or not (timing), and
+        # a float32 batch over other rows can tip a sample
+        results = [collect_generation(speaking_engine.submit(r)) for r in requests]
+        assert all(len(r.audio) == 2 * samples(16) for r in results)
         return dict(said)
 
     kept = frames()
     assert talker.seen_codes is not None and not talker.seen_codes.row_of   # every row freed
-    assert sorted(kept) == [0, 1, 2] and all(len(f) == 24 for f in kept.values())
+    assert sorted(kept) == [0, 1] and all(len(f) == 16 for f in kept.values())
     monkeypatch.setattr(type(talker), "_seen_codes", lambda self, *args: None)
     assert frames() == kept
     assert frames(penalty=1.0) != kept   # the penalty changes the frames: the comparison can fail
