@@ -174,44 +174,36 @@ def test_text_only_on_a_speaking_model_and_mixed_batches(speaking_engine):
                                              for i in range(16)]
 
 
-def test_the_repetition_penalty_reads_the_seen_codes_as_it_read_the_histories(speaking_engine, monkeypatch):
-    """The Talker keeps the first codes each stream said on the device (`SeenTokens`); frames
-    sampled with a repetition penalty equal those penalized from the host histories."""
-    from omniwalk.capabilities.text import GenerationRequest, SpeechOutput, collect_generation
+def test_the_talker_keeps_each_streams_first_codes_on_the_device():
+    """The repetition penalty's ids (`TalkerExecutor._seen_codes`): a row per stream made from
+    its first codes so far, each new first code added as `_commit` adds it, the row freed
+    with the stream; the mask holds exactly each stream's codes."""
+    from types import SimpleNamespace
+
     from omniwalk.engine.sampler import SamplingParams
+    from omniwalk.models.qwen3_omni.speech_executors import TalkerExecutor
 
-    talker = speaking_engine.model.executors["talker"]
-    said: dict[int, list] = {}   # seed -> its frames (the tiny model's audio is too quiet to tell them apart)
-    commit = type(talker)._commit
+    vocab = 16
+    executor = SimpleNamespace(seen_codes=None, device=torch.device("cpu"), max_batch_size=2)
+    histories = {7: [3, 3, 5], 9: [], 11: [1]}
+    penalized = SimpleNamespace(sampling=SamplingParams(temperature=1.0, repetition_penalty=1.3))
+    plain = SimpleNamespace(sampling=SamplingParams(temperature=1.0))
 
-    def spy(self, calls, *args):
-        outputs = commit(self, calls, *args)
-        for call, out in zip(calls, outputs):
-            if out is not None:
-                said.setdefault(call.stream.params.seed, []).append(out["frame"])
-        return outputs
+    def seen(handles):
+        calls = [SimpleNamespace(stream=SimpleNamespace(handle=h)) for h in handles]
+        sequences = [SimpleNamespace(first_codes=histories[h]) for h in handles]
+        mask = TalkerExecutor._seen_codes(executor, calls, sequences, [penalized] * len(handles), vocab)
+        return [sorted(torch.nonzero(row).flatten().tolist()) for row in mask]
 
-    monkeypatch.setattr(type(talker), "_commit", spy)
-
-    def frames(penalty=3.0):   # the request's seed is the Talker's too
-        said.clear()
-        requests = [GenerationRequest(prompt_token_ids=PROMPT[:-1] + [12 + i], max_tokens=3, ignore_eos=True,
-                                      sampling=SamplingParams(temperature=0.0, seed=i),
-                                      speech=SpeechOutput("Ethan", 16, sampling=SamplingParams(
-                                          temperature=1.0, top_k=8, repetition_penalty=penalty)))
-                    for i in range(2)]
-        # one at a time: submitted together, the prefills may share a step or not (timing), and
-        # a float32 batch over other rows can tip a sample
-        results = [collect_generation(speaking_engine.submit(r)) for r in requests]
-        assert all(len(r.audio) == 2 * samples(16) for r in results)
-        return dict(said)
-
-    kept = frames()
-    assert talker.seen_codes is not None and not talker.seen_codes.row_of   # every row freed
-    assert sorted(kept) == [0, 1] and all(len(f) == 16 for f in kept.values())
-    monkeypatch.setattr(type(talker), "_seen_codes", lambda self, *args: None)
-    assert frames() == kept
-    assert frames(penalty=1.0) != kept   # the penalty changes the frames: the comparison can fail
+    assert TalkerExecutor._seen_codes(executor, [], [], [plain], vocab) is None   # no penalty: no mask
+    assert seen([7, 9]) == [[3, 5], []]
+    for handle, code in ((7, 8), (9, 2), (9, 2)):     # the next frames' first codes, as `_commit` adds them
+        histories[handle].append(code)
+        executor.seen_codes.append(handle, code)
+    assert seen([9, 7, 11]) == [[2], [3, 5, 8], [1]]   # a third stream grows the mask
+    executor.seen_codes.free(7)
+    histories[7] = [4]                                 # a new stream in the freed row starts clean
+    assert seen([7]) == [[4]]
 
 
 @pytest.mark.parametrize("speech, message", [
