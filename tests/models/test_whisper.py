@@ -373,12 +373,17 @@ def test_decode_graph_path_equals_eager_path(monkeypatch):
     from omniwalk.loading import load_model
     from omniwalk.models.whisper.executors import DecoderStep
 
+    from omniwalk.models.whisper.encoder_graphs import EncoderGraphs
+
     requests = [greedy(clip(["sine", "chirp", "noise"][i % 3], 3 + 5 * i, seed=i), 30,
                        language=None if i % 3 == 0 else "en", timestamp_granularities=("segment",) * (i % 2))
                 for i in range(8)]
     replays = []
     run = DecodeGraphs.run
     monkeypatch.setattr(DecodeGraphs, "run", lambda self, **kw: replays.append(len(kw["positions"])) or run(self, **kw))
+    encodes = []
+    encode = EncoderGraphs.run
+    monkeypatch.setattr(EncoderGraphs, "run", lambda self, features: encodes.append(len(features)) or encode(self, features))
     outputs = {}
     for graphs in (False, True):
         args = EngineArgs("tiny-whisper", device="cpu", dtype="float32", max_num_seqs=9, kv_cache_tokens=16384)
@@ -387,12 +392,15 @@ def test_decode_graph_path_equals_eager_path(monkeypatch):
         if graphs:
             decoder.decode_graphs = DecodeGraphs(DecoderStep(decoder.model), decoder.cache, 8,
                                                  -(-loaded.max_model_len // args.page_size), decoder.cross)
+            encoder = loaded.served.executors["encoder"]   # and the encoder's graphs' buffers (3 windows a pass)
+            encoder.graphs, encoder.max_windows = EncoderGraphs(encoder.encoder, 3), 3
         with Engine(args, loaded=loaded) as engine:
             streams = [engine.submit(r) for r in requests]
             outputs[graphs] = [[t for c in s for t in c.token_ids] for s in streams]
     assert outputs[True] == outputs[False]
     assert sum(len(ids) for ids in outputs[True]) > 100
     assert len(replays) > 20 and max(replays) > 1       # batched decode steps went through the graphs
+    assert encodes and max(encodes) > 1                 # so did batched windows
     # the shared executor's look-ahead step took decode steps (whether a step also samples
     # through the sampling graphs depends on which streams share it, so on arrival timing:
     # tests/engine/test_lookahead.py checks those)
@@ -469,3 +477,37 @@ def test_shape_families_equal_hf_generate(tmp_path, name):
     with Engine(EngineArgs(str(tmp_path), dtype="float32", device="cpu", max_num_seqs=2)) as engine:
         assert engine.model.config.decoder_layers == shape["decoder_layers"]
         assert transcribe(engine, greedy(audio, 12)).token_ids == expected
+
+
+def test_fused_self_attention_projections_keep_parameters_and_outputs():
+    """q, k, v fused into one GEMM: the same parameter names and values (they view the fused
+    weight), the same encoder states, and a weight loaded afterwards lands in the fused one."""
+    from omniwalk.models.loader import init_random_weights
+    from omniwalk.models.whisper.config import tiny_config
+    from omniwalk.models.whisper.encoder_graphs import EncoderGraphs
+    from omniwalk.models.whisper.modeling import WhisperForConditionalGeneration
+
+    config = tiny_config(64)
+    net = WhisperForConditionalGeneration(config).eval()
+    init_random_weights(net, seed=3)
+    with torch.no_grad():
+        for name, param in net.named_parameters():
+            if name.endswith("bias"):
+                param.normal_(0, 0.02)   # zero biases would hide a bias in the wrong rows
+    before = {name: t.clone() for name, t in net.state_dict().items()}
+    features = torch.randn(3, config.num_mel_bins, config.num_frames)
+    with torch.inference_mode():
+        expected = net.encoder(features)
+    net.fuse_projections()
+    after = net.state_dict()
+    assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
+    attention = net.encoder.layers[0].self_attn
+    with torch.inference_mode():
+        torch.testing.assert_close(net.encoder(features), expected)
+        # the encoder graphs' path on a CPU: rows past n are stale, results for n only
+        graphs = EncoderGraphs(net.encoder, 4)
+        graphs.run(torch.randn(4, config.num_mel_bins, config.num_frames))
+        torch.testing.assert_close(graphs.run(features[:2]), expected[:2])
+    with torch.no_grad():
+        attention.v_proj.weight.fill_(0.5)
+    assert torch.all(attention.qkv[0][2 * config.d_model :] == 0.5)

@@ -72,6 +72,7 @@ from omniwalk.engine.sampler import SamplingParams
 from omniwalk.engine.sampling_graphs import CandidateTable
 from omniwalk.models.whisper.alignment import alignment_weights, token_times
 from omniwalk.models.whisper.config import ForcedPrompt, WhisperGenerationConfig
+from omniwalk.models.whisper.encoder_graphs import EncoderGraphs
 from omniwalk.models.whisper.fallback import window_fails
 from omniwalk.models.whisper.features import MelFrames
 from omniwalk.models.whisper.modeling import WhisperEncoder, WhisperForConditionalGeneration
@@ -82,9 +83,11 @@ from omniwalk.runtime.executor import NodeCall, NodeExecutor
 class EncoderExecutor(NodeExecutor):
     """Node `encoder`: features [W, mels, frames] -> encoder_states [W, source_len, d]."""
 
-    def __init__(self, encoder: WhisperEncoder, max_windows: int = 16, max_batch_size: int = 256):
+    def __init__(self, encoder: WhisperEncoder, max_windows: int = 16, max_batch_size: int = 256,
+                 graphs: EncoderGraphs | None = None):
         self.encoder = encoder
-        self.max_windows = max_windows
+        self.graphs = graphs
+        self.max_windows = graphs.max_windows if graphs is not None else max_windows
         self.max_batch_size = max_batch_size
         weight = encoder.conv1.weight
         self.device, self.dtype = weight.device, weight.dtype
@@ -99,10 +102,15 @@ class EncoderExecutor(NodeExecutor):
     @torch.inference_mode()
     def run(self, calls: list[NodeCall]) -> list[dict]:
         features = torch.cat([call.inputs["features"] for call in calls]).to(self.device, self.dtype)
-        states = torch.cat([self.encoder(part) for part in features.split(self.max_windows)])
+        states = torch.cat([self._encode(part) for part in features.split(self.max_windows)])
         # one request's states must not keep the whole batch alive: copies per call
         sizes = [call.inputs["features"].shape[0] for call in calls]
         return [{"encoder_states": part.clone()} for part in states.split(sizes)]
+
+    def _encode(self, features: torch.Tensor) -> torch.Tensor:
+        if self.graphs is None:
+            return self.encoder(features)
+        return self.graphs.run(features).clone()   # the next replay overwrites the graph's output
 
     def release(self, stream) -> None:
         self.num_windows.pop(stream.handle, None)

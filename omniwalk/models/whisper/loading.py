@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 
 from omniwalk.engine.cross_attention import CrossAttentionCache, CrossAttentionShape
@@ -26,6 +27,7 @@ from omniwalk.loading import uses_decode_graphs
 from omniwalk.models.family import LoaderSpec
 from omniwalk.models.loader import read_hf_config
 from omniwalk.models.whisper.config import WhisperConfig, WhisperGenerationConfig, tiny_config
+from omniwalk.models.whisper.encoder_graphs import EncoderGraphs
 from omniwalk.models.whisper.executors import DecoderStep
 from omniwalk.models.whisper.features import FeatureConfig, LogMelFeatures
 from omniwalk.models.whisper.model import WhisperTranscriptionModel
@@ -35,6 +37,7 @@ from omniwalk.tokenizer import NoTokenizer, has_tokenizer_files, load_tokenizer
 logger = logging.getLogger(__name__)
 
 TINY_ASSETS = Path(__file__).parent / "assets" / "tiny-whisper"
+MAX_ENCODER_WINDOWS = 16   # windows one encoder pass takes (a graph per bucket up to it on CUDA)
 
 
 def read_feature_config(folder: Path, num_mel_bins: int) -> FeatureConfig:
@@ -66,13 +69,25 @@ def read_whisper_source(ctx) -> None:
     ctx.source.update(generation=generation, features=LogMelFeatures(feature_config))
 
 
-def allocate_cross_attention(ctx) -> None:
-    """One cross-attention slot per running request (+ one for the decode graphs' padded rows)."""
+def allocate_resources(ctx) -> None:
+    """One cross-attention slot per running request (+ one for the decode graphs' padded
+    rows), and on CUDA the encoder's graphs (their memory pool before the KV cache takes
+    what is left)."""
     config = ctx.config
-    num_slots = ctx.args.max_num_seqs + (1 if uses_decode_graphs(ctx.args, ctx.device) else 0)
+    graphs = uses_decode_graphs(ctx.args, ctx.device)
+    num_slots = ctx.args.max_num_seqs + (1 if graphs else 0)
     ctx.slot_resource = CrossAttentionCache(CrossAttentionShape(
         config.decoder_layers, num_slots, config.max_source_positions, config.decoder_attention_heads,
         config.decoder_head_dim), ctx.dtype, ctx.device)
+    ctx.resources["encoder_graphs"] = capture_encoder_graphs(ctx.module.encoder) if graphs else None
+
+
+def capture_encoder_graphs(encoder) -> EncoderGraphs:
+    graphs = EncoderGraphs(encoder, MAX_ENCODER_WINDOWS)
+    started = time.perf_counter()
+    graphs.capture()
+    logger.info("captured encoder CUDA graphs for %s windows in %.1f s", graphs.buckets, time.perf_counter() - started)
+    return graphs
 
 
 def serve_whisper(ctx) -> WhisperTranscriptionModel:
@@ -82,14 +97,16 @@ def serve_whisper(ctx) -> WhisperTranscriptionModel:
                          f"{config.max_target_positions}")
     return WhisperTranscriptionModel(ctx.module, ctx.cache, ctx.slot_resource, ctx.source["generation"],
                                      ctx.source["features"], max_batch_size=ctx.args.max_num_seqs,
-                                     decode_graphs=ctx.decode_graphs)
+                                     max_encoder_windows=MAX_ENCODER_WINDOWS, decode_graphs=ctx.decode_graphs,
+                                     encoder_graphs=ctx.resources["encoder_graphs"])
 
 
 WHISPER_LOADER = LoaderSpec(
     build=WhisperForConditionalGeneration,
     read_source=read_whisper_source,
     rename=lambda config, name: None if config.tie_word_embeddings and name == "proj_out.weight" else name,
-    resources=allocate_cross_attention,
+    after_weights=lambda ctx: ctx.module.fuse_projections(),
+    resources=allocate_resources,
     max_model_len=lambda ctx: ctx.config.max_target_positions,
     kv_layout=lambda config: (config.decoder_layers, config.decoder_attention_heads, config.decoder_head_dim),
     no_prefix_caching="a decoder's keys depend on its audio through cross-attention",

@@ -48,6 +48,7 @@ from omniwalk.graph import (
     WalkCall,
 )
 from omniwalk.models.whisper.config import ForcedPrompt, WhisperGenerationConfig
+from omniwalk.models.whisper.encoder_graphs import EncoderGraphs
 from omniwalk.models.whisper.executors import DecoderExecutor, DecoderPrompt, EncoderExecutor, WindowEnd
 from omniwalk.models.whisper.features import LogMelFeatures, MelFrames
 from omniwalk.models.whisper.modeling import WhisperForConditionalGeneration
@@ -122,7 +123,8 @@ class WhisperTranscriptionModel:
 
     def __init__(self, net: WhisperForConditionalGeneration, cache: PagedKVCache, cross: CrossAttentionCache,
                  generation: WhisperGenerationConfig, features: LogMelFeatures, *, max_batch_size: int = 256,
-                 max_encoder_windows: int = 16, decode_graphs: DecodeGraphs | None = None):
+                 max_encoder_windows: int = 16, decode_graphs: DecodeGraphs | None = None,
+                 encoder_graphs: EncoderGraphs | None = None):
         self.net = net
         self.config = net.config
         self.cache = cache
@@ -131,7 +133,7 @@ class WhisperTranscriptionModel:
         self.features = features
         self.graph = whisper_graph()
         self.executors = {
-            ENCODER.name: EncoderExecutor(net.encoder, max_encoder_windows, max_batch_size),
+            ENCODER.name: EncoderExecutor(net.encoder, max_encoder_windows, max_batch_size, encoder_graphs),
             DECODER.name: DecoderExecutor(net, cache, cross, generation, max_batch_size, decode_graphs=decode_graphs),
         }
 

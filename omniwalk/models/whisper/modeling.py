@@ -38,6 +38,21 @@ class WhisperAttention(nn.Module):
         self.k_proj = nn.Linear(d_model, d_model, bias=False)
         self.v_proj = nn.Linear(d_model, d_model)
         self.out_proj = nn.Linear(d_model, d_model)
+        self.qkv: tuple[torch.Tensor, torch.Tensor] | None = None   # (weight, bias) once fused
+
+    @torch.no_grad()
+    def fuse_projections(self) -> None:
+        """q, k and v as one GEMM (self-attention: a decode step launches 32 layers' worth of
+        small GEMMs, and each costs its launch more than its bytes). One [3d, d] weight whose
+        rows the three projections' parameters then view, so their names, loading and
+        state_dict stay; k has no bias: zeros in the fused bias."""
+        q, k, v = self.q_proj, self.k_proj, self.v_proj
+        d = q.weight.shape[0]
+        weight = torch.cat([q.weight, k.weight, v.weight])
+        bias = torch.cat([q.bias, torch.zeros_like(q.bias), v.bias])
+        q.weight.data, k.weight.data, v.weight.data = weight[:d], weight[d : 2 * d], weight[2 * d :]
+        q.bias.data, v.bias.data = bias[:d], bias[2 * d :]
+        self.qkv = (weight, bias)
 
     def heads(self, x: torch.Tensor) -> torch.Tensor:
         return x.view(*x.shape[:-1], self.num_heads, self.head_dim)
@@ -47,6 +62,13 @@ class WhisperAttention(nn.Module):
 
     def key_value(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.heads(self.k_proj(x)), self.heads(self.v_proj(x))
+
+    def query_key_value(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The scaled query, key and value heads of x (one GEMM once fused)."""
+        if self.qkv is None:
+            return (self.query(x), *self.key_value(x))
+        q, k, v = F.linear(x, *self.qkv).chunk(3, dim=-1)
+        return self.heads(q * self.scaling), self.heads(k), self.heads(v)
 
 
 class WhisperEncoderLayer(nn.Module):
@@ -63,8 +85,7 @@ class WhisperEncoderLayer(nn.Module):
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         # h: [B, S, d]
         x = self.self_attn_layer_norm(h)
-        q = self.self_attn.query(x).transpose(1, 2)                    # [B, H, S, D]
-        k, v = (t.transpose(1, 2) for t in self.self_attn.key_value(x))
+        q, k, v = (t.transpose(1, 2) for t in self.self_attn.query_key_value(x))   # [B, H, S, D]
         attn = F.scaled_dot_product_attention(q, k, v, scale=1.0).transpose(1, 2).flatten(2)
         h = h + self.self_attn.out_proj(attn)
         return h + self.fc2(self.act(self.fc1(self.final_layer_norm(h))))
@@ -107,8 +128,8 @@ class WhisperDecoderLayer(nn.Module):
     def forward(self, h: torch.Tensor, attention: PagedAttention, cross: CrossAttention) -> torch.Tensor:
         # h: [num_tokens, d], the flat ragged batch
         x = self.self_attn_layer_norm(h)
-        k, v = self.self_attn.key_value(x)
-        attn = attention.forward(self.index, self.self_attn.query(x), k, v, scale=1.0)
+        q, k, v = self.self_attn.query_key_value(x)
+        attn = attention.forward(self.index, q, k, v, scale=1.0)
         h = h + self.self_attn.out_proj(attn.flatten(1))
         x = self.encoder_attn_layer_norm(h)
         attn = cross.forward(self.index, self.encoder_attn.query(x), scale=1.0)
@@ -157,6 +178,12 @@ class WhisperForConditionalGeneration(nn.Module):
         self.model = WhisperModel(config)
         if not config.tie_word_embeddings:
             self.proj_out = nn.Linear(config.d_model, config.vocab_size, bias=False)
+
+    def fuse_projections(self) -> None:
+        """q, k, v of every self-attention as one GEMM (after the weights are loaded)."""
+        layers = [*self.model.encoder.layers, *self.model.decoder.layers]
+        for layer in layers:
+            layer.self_attn.fuse_projections()
 
     @property
     def encoder(self) -> WhisperEncoder:
