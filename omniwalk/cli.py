@@ -215,10 +215,15 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from omniwalk.bench.client_processes import ClientProcessError
     from omniwalk.engine_process import EngineStartError
     from omniwalk.server.app import PortInUseError
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "bench":
+        from omniwalk.bench.cli import check_bench_arguments
+        check_bench_arguments(parser, args)
     configure_logging(logging.INFO)
     try:
         if args.command == "serve":
@@ -232,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:   # bad flags or a bad request: a message, not a traceback
         print(f"omniwalk: error: {exc}", file=sys.stderr)
         return 2
-    except (EngineStartError, PortInUseError) as exc:   # the engine process logged its traceback
+    except (EngineStartError, PortInUseError, ClientProcessError) as exc:   # the traceback: logged or in exc
         print(f"omniwalk: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:   # Ctrl-C while loading: the engine process is gone too

@@ -3,6 +3,8 @@
     workload.py     seeded synthetic or file prompts (token ids), output lengths, arrival gaps
     backends.py     in-process Engine, or any server's streaming /v1/completions; one record per request
     runner.py       one phase: closed loop at c, or Poisson at r (optionally capped), with progress
+    client_processes.py  the load generator's CPU (`load_generator`) and `--client-processes N`: one phase
+                    spread over N processes, records merged
     metrics.py      TTFT, TPOT, ITL (per token and per chunk), E2E, throughput, failures
     report.py       summary table, failure banner, machine info, JSON
     hf_baseline.py  the same prompts through transformers `generate` (eager, static cache + compile)

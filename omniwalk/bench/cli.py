@@ -22,8 +22,8 @@ completed as asked, 1 when any failed (a banner says so), 2 for bad flags.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
+import functools
 import gc
 import shlex
 import sys
@@ -34,6 +34,7 @@ from pathlib import Path
 from omniwalk.bench.backends import (
     InProcessBackend, NativeGenerateBackend, OpenAICompletionsBackend, served_model_name,
 )
+from omniwalk.bench.client_processes import run_phases
 from omniwalk.bench.metrics import DEFINITIONS, summarize
 from omniwalk.bench.report import (
     exit_status, format_definitions, format_summary, machine_info, now_iso, run_summary_where, write_json,
@@ -60,6 +61,11 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     target.add_argument("--tokenizer", default=None,
                         help="built-in name or HF folder whose vocabulary prompts are drawn from (default: --model)")
     target.add_argument("--request-timeout", type=float, default=600.0, help="seconds per HTTP request")
+    target.add_argument("--client-processes", type=_positive_int, default=1, metavar="N",
+                        help="with --url: spread the load generator (warmup and measured phase) over N processes, "
+                             "request i to process i %% N, the concurrency split between them (so N is capped at "
+                             "the concurrency); for when one process is busy (`load_generator` in the output). "
+                             "Text, --tts and --speak; not --asr (default 1)")
 
     workload = parser.add_argument_group("workload")
     workload.add_argument("--input-len", "--random-input-len", default="128",
@@ -119,6 +125,22 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 # ----------------------------------------------------------------------------- settings
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def check_bench_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """What one flag cannot check alone; `parser.error` (exit status 2) when wrong."""
+    if args.client_processes > 1 and not args.url:
+        parser.error("--client-processes needs --url: an in-process engine shares the bench's process")
+    if args.client_processes > 1 and args.asr:
+        parser.error("--client-processes: --asr runs its load generator in one process (text, --tts and "
+                     "--speak take it)")
 
 
 def parse_concurrency(text: str | None) -> list[int] | None:
@@ -191,13 +213,13 @@ def _arrival_label(concurrency: int | None, rate: float | None) -> str:
 def backend_factory(args: argparse.Namespace):
     """Yields (description, engine or None, a function making a fresh backend inside an event loop)."""
     if args.url and args.audio_seconds is not None:   # /v1/completions takes no audio
-        def make():
-            return NativeGenerateBackend(args.url, args.ignore_eos, args.request_timeout)
+        # a partial of a class, not a closure: --client-processes sends it to other processes
+        make = functools.partial(NativeGenerateBackend, args.url, args.ignore_eos, args.request_timeout)
         yield f"{args.url} /generate with audio, model {args.model!r}", None, make
         return
     if args.url:
-        def make():
-            return OpenAICompletionsBackend(args.url, args.model, args.ignore_eos, args.request_timeout)
+        make = functools.partial(OpenAICompletionsBackend, args.url, args.model, args.ignore_eos,
+                                 args.request_timeout)
         yield f"{args.url} /v1/completions, model {args.model!r}", None, make
         return
     from omniwalk.bench.modes import in_process_engine   # modes.py builds on this module
@@ -206,7 +228,7 @@ def backend_factory(args: argparse.Namespace):
         yield description, engine, lambda: InProcessBackend(engine, args.ignore_eos)
 
 
-async def _phases(make_backend, warmup, measured, gaps, concurrency, label, show_progress):
+async def _phases(make_backend, warmup, measured, gaps, concurrency, label, show_progress, before_measured=None):
     # The client's garbage collector as the engine's (`quiet_gc`): what exists now (torch,
     # the tokenizer, the workload) frozen, the young generation collected less often. The
     # in-process runs had it from their Engine; the HTTP client had not, and a full
@@ -221,6 +243,8 @@ async def _phases(make_backend, warmup, measured, gaps, concurrency, label, show
         if warmup:
             warm = await run_phase(backend, warmup, [0.0] * len(warmup), concurrency or len(warmup),
                                    Progress(f"{label} warmup", len(warmup), show_progress))
+        if before_measured is not None:   # a load generator process: wait for the others' warmups
+            before_measured()
         result = await run_phase(backend, measured, gaps, concurrency,
                                  Progress(label, len(measured), show_progress))
     finally:
@@ -255,18 +279,20 @@ def _one_run(args, engine, make_backend, warmup, measured, concurrency, hf) -> d
     label = _arrival_label(concurrency, args.request_rate)
     gaps = arrival_gaps(len(measured), args.request_rate, args.seed)
     _gpu_peak(engine, reset=True)
-    warm, result = asyncio.run(_phases(make_backend, warmup, measured, gaps, concurrency, label,
-                                       not args.no_progress))
+    warm, result, load = run_phases(make_backend, warmup, measured, gaps, concurrency, label,
+                                    not args.no_progress, args.client_processes)
+    load = None if engine is not None else load   # in-process the engine shares the process: no meaning
     summary = summarize(result.records, result.start, result.end, args.ignore_eos)
     gpu_peak = _gpu_peak(engine, reset=False)
-    print(format_summary(f"omniwalk bench: {label}", summary, hf, gpu_peak), flush=True)
+    table = format_summary(f"omniwalk bench: {label}", summary, hf, gpu_peak)
+    print("\n".join([table] + (load.lines() if load else [])), flush=True)
     warm_summary = _warmup_summary(warm, args.ignore_eos)
     if warm_summary and warm_summary["num_failed"]:
         print(f"  WARMUP: {warm_summary['num_failed']} of {warm_summary['num_requests']} requests failed",
               flush=True)
     return {"concurrency": concurrency, "request_rate": args.request_rate, "arrivals": label,
             "summary": summary.to_dict(), "warmup": warm_summary, "gpu_peak_allocated_bytes": gpu_peak,
-            "hf_baseline": hf}
+            "load_generator": None if load is None else load.to_dict(), "hf_baseline": hf}
 
 
 def _warmup_summary(warm: PhaseResult | None, ignore_eos: bool) -> dict | None:
@@ -361,7 +387,7 @@ def _config(args, target: str, engine_args: dict | None, concurrencies) -> dict:
         "output_len": args.output_len, "prompts_file": args.prompts_file, "num_requests": args.num_requests,
         "audio_seconds": args.audio_seconds, "warmup": args.warmup, "seed": args.seed,
         "ignore_eos": args.ignore_eos, "concurrency": concurrencies,
-        "request_rate": args.request_rate, "baseline": args.baseline,
+        "request_rate": args.request_rate, "client_processes": args.client_processes, "baseline": args.baseline,
         "hf": None if args.baseline != "hf" else {
             "model": args.hf_model or args.model, "modes": args.hf_modes,
             "compile_backend": args.hf_compile_backend, "compile_mode": args.hf_compile_mode,

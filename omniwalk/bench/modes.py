@@ -10,14 +10,14 @@ the JSON document and the exit status. A mode brings its workload, its backends 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import shlex
 import sys
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
-from omniwalk.bench.cli import _arrival_label, _engine_args, _gpu_peak, _phases, _where, parse_concurrency
+from omniwalk.bench.cli import _arrival_label, _engine_args, _gpu_peak, _where, parse_concurrency
+from omniwalk.bench.client_processes import run_phases
 from omniwalk.bench.report import (
     exit_status, format_definitions, machine_info, now_iso, run_summary_where, write_json,
 )
@@ -86,7 +86,8 @@ def run_mode(args: argparse.Namespace, argv: list[str] | None, figures: ModeFigu
             "machine": machine_info(),
             "config": {"target": target, "url": args.url, "model": args.model, "engine_args": engine_args,
                        **config, "warmup": args.warmup, "seed": args.seed, "ignore_eos": args.ignore_eos,
-                       "concurrency": concurrencies, "request_rate": args.request_rate},
+                       "concurrency": concurrencies, "request_rate": args.request_rate,
+                       "client_processes": args.client_processes},
             "definitions": figures.definitions, "failed": failed > 0, "num_failed": failed, "runs": runs,
         })
     return exit_status(failed, sent, run_summary_where(runs))
@@ -96,20 +97,24 @@ def _one_run(args, figures: ModeFigures, engine, make_backend, warmup, measured,
     label = _arrival_label(concurrency, args.request_rate)
     gaps = arrival_gaps(len(measured), args.request_rate, args.seed)
     _gpu_peak(engine, reset=True)
-    warm, result = asyncio.run(_phases(make_backend, warmup, measured, gaps, concurrency, label,
-                                       not args.no_progress))
+    warm, result, load = run_phases(make_backend, warmup, measured, gaps, concurrency, label,
+                                    not args.no_progress, args.client_processes)
+    load = None if engine is not None else load   # in-process the engine shares the process: no meaning
     summary = figures.summarize(result.records, result.start, result.end, args.ignore_eos)
     gpu_peak = _gpu_peak(engine, reset=False)
     table = figures.format_summary(f"omniwalk bench {figures.flag}: {label}", summary)
     if gpu_peak is not None:
         table += f"\n  GPU peak allocated    {gpu_peak / 2**30:.2f} GiB"
+    if load is not None:
+        table += "\n" + "\n".join(load.lines())
     print(table, flush=True)
     warm_summary = _warmup_summary(figures, warm, args.ignore_eos)
     if warm_summary and warm_summary["num_failed"]:
         print(f"  WARMUP: {warm_summary['num_failed']} of {warm_summary['num_requests']} requests failed",
               flush=True)
     return {"concurrency": concurrency, "request_rate": args.request_rate, "arrivals": label,
-            "summary": summary.to_dict(), "warmup": warm_summary, "gpu_peak_allocated_bytes": gpu_peak}
+            "summary": summary.to_dict(), "warmup": warm_summary, "gpu_peak_allocated_bytes": gpu_peak,
+            "load_generator": None if load is None else load.to_dict()}
 
 
 def _warmup_summary(figures: ModeFigures, warm: PhaseResult | None, ignore_eos: bool) -> dict | None:

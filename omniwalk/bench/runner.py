@@ -24,10 +24,16 @@ class PhaseResult:
     records: list[RequestRecord]
     start: float   # perf_counter when the first request was sent
     end: float     # perf_counter when the last request was complete
+    cpu_seconds: float = 0.0   # this process's CPU time over the phase (time.process_time)
 
     @property
     def duration(self) -> float:
         return self.end - self.start
+
+    @property
+    def cpu_fraction(self) -> float:
+        """How busy the sending process was: its CPU seconds per second of the phase (1.0: a core)."""
+        return self.cpu_seconds / self.duration if self.duration > 0 else 0.0
 
 
 class Progress:
@@ -85,7 +91,7 @@ async def run_phase(backend: Backend, requests: Sequence[BenchRequest], gaps: Se
         return record
 
     loop = asyncio.get_running_loop()
-    start = time.perf_counter()
+    cpu, start = time.process_time(), time.perf_counter()
     due = loop.time()
     tasks = []
     for request, gap in zip(requests, gaps):
@@ -100,4 +106,4 @@ async def run_phase(backend: Backend, requests: Sequence[BenchRequest], gaps: Se
         progress.close()
     start = min((r.send_time for r in records), default=start)
     end = max((r.end_time for r in records if r.end_time is not None), default=time.perf_counter())
-    return PhaseResult(records, start, end)
+    return PhaseResult(records, start, end, time.process_time() - cpu)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 
 import numpy as np
 
@@ -74,8 +75,8 @@ def speak_requests(requests: list[BenchRequest], tokenizer, frames: LengthRange,
 def speak_backend_factory(args: argparse.Namespace):
     """Yields (description, engine or None, a function making a fresh backend inside an event loop)."""
     if args.url:
-        def make():
-            return ChatAudioSSEBackend(args.url, args.model, args.voice, args.ignore_eos, args.request_timeout)
+        make = functools.partial(ChatAudioSSEBackend, args.url, args.model, args.voice, args.ignore_eos,
+                                 args.request_timeout)   # pickles: --client-processes
         yield f"{args.url} /v1/chat/completions (text + audio, sse), model {args.model!r}", None, make
         return
     from omniwalk.capabilities import Capability

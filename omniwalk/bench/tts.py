@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 
 import numpy as np
 
@@ -75,8 +76,8 @@ def _texts(args: argparse.Namespace) -> list[str] | None:
 def tts_backend_factory(args: argparse.Namespace):
     """Yields (description, engine or None, a function making a fresh backend inside an event loop)."""
     if args.url:
-        def make():
-            return SpeechSSEBackend(args.url, args.model, args.voice, args.ignore_eos, args.request_timeout)
+        make = functools.partial(SpeechSSEBackend, args.url, args.model, args.voice, args.ignore_eos,
+                                 args.request_timeout)   # pickles: --client-processes
         yield f"{args.url} /v1/audio/speech (sse), model {args.model!r}", None, make
         return
     with in_process_engine(args, "speech") as (engine, description):

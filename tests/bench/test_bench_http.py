@@ -69,6 +69,7 @@ def test_in_process_backend(tmp_path):
     assert s["num_completed"] == 7
     assert s["output_tokens"] == sum(r.output_len for r in expected_workload(7, "16", "2:9", 1))
     assert report["config"]["engine_args"]["max_num_seqs"] == 2
+    assert report["runs"][0]["load_generator"] is None   # the engine shares the process: no figure
 
 
 def test_poisson_arrivals(tiny_server, tmp_path):
@@ -78,6 +79,23 @@ def test_poisson_arrivals(tiny_server, tmp_path):
     run = report["runs"][0]
     assert run["concurrency"] is None and "Poisson" in run["arrivals"]
     assert run["summary"]["output_tokens"] == 24
+    assert run["load_generator"]["processes"] == 1 and run["load_generator"]["cpu_fraction"] >= 0
+
+
+def test_client_processes_split_the_load(tiny_server, tmp_path, capsys):
+    """Two load generator processes, two requests in flight each: one run's records, merged."""
+    code, report = bench(tmp_path, "--url", tiny_server, "--client-processes", "2", "--concurrency", "4",
+                         "--input-len", "8", "--output-len", "2:6", "--num-requests", "8", "--warmup", "2",
+                         "--ignore-eos", "--seed", "5")
+    assert code == 0, capsys.readouterr()
+    run = report["runs"][0]
+    s = run["summary"]
+    assert (s["num_requests"], s["num_completed"], s["num_failed"]) == (8, 8, 0)
+    assert s["output_tokens"] == sum(r.output_len for r in expected_workload(8, "8", "2:6", 5)) and s["id_based"]
+    assert run["warmup"] == {"num_requests": 2, "num_failed": 0, "failures": []}
+    assert run["load_generator"]["processes"] == 2 and run["load_generator"]["cpu_fraction"] >= 0
+    assert report["config"]["client_processes"] == 2
+    assert "load generator        2 processes, busiest at" in capsys.readouterr().out
 
 
 # ----------------------------------------------------------------------------- fake servers
