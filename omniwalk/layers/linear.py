@@ -16,6 +16,11 @@ class Linear(nn.Linear):
     FP8 conversion see no difference)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if gemv_applies(x, self.weight):
-            return gemv(x, self.weight, self.bias)
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear`, through the GEMV kernel where `gemv_applies`."""
+    if gemv_applies(x, weight):
+        return gemv(x, weight, bias)
+    return F.linear(x, weight, bias)

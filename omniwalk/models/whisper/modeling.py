@@ -19,6 +19,8 @@ from torch import nn
 
 from omniwalk.engine.attention import PagedAttention
 from omniwalk.engine.cross_attention import CrossAttention
+from omniwalk.kernels.layer_norm import add_layer_norm
+from omniwalk.layers.linear import Linear, linear
 from omniwalk.models.whisper.config import WhisperConfig
 
 
@@ -34,10 +36,10 @@ class WhisperAttention(nn.Module):
         self.num_heads = num_heads
         self.head_dim = d_model // num_heads
         self.scaling = self.head_dim ** -0.5
-        self.q_proj = nn.Linear(d_model, d_model)
-        self.k_proj = nn.Linear(d_model, d_model, bias=False)
-        self.v_proj = nn.Linear(d_model, d_model)
-        self.out_proj = nn.Linear(d_model, d_model)
+        self.q_proj = Linear(d_model, d_model)
+        self.k_proj = Linear(d_model, d_model, bias=False)
+        self.v_proj = Linear(d_model, d_model)
+        self.out_proj = Linear(d_model, d_model)
         self.qkv: tuple[torch.Tensor, torch.Tensor] | None = None   # (weight, bias) once fused
 
     @torch.no_grad()
@@ -67,7 +69,7 @@ class WhisperAttention(nn.Module):
         """The scaled query, key and value heads of x (one GEMM once fused)."""
         if self.qkv is None:
             return (self.query(x), *self.key_value(x))
-        q, k, v = F.linear(x, *self.qkv).chunk(3, dim=-1)
+        q, k, v = linear(x, *self.qkv).chunk(3, dim=-1)
         return self.heads(q * self.scaling), self.heads(k), self.heads(v)
 
 
@@ -120,21 +122,25 @@ class WhisperDecoderLayer(nn.Module):
         self.self_attn_layer_norm = nn.LayerNorm(d)
         self.encoder_attn = WhisperAttention(d, config.decoder_attention_heads)
         self.encoder_attn_layer_norm = nn.LayerNorm(d)
-        self.fc1 = nn.Linear(d, config.decoder_ffn_dim)
-        self.fc2 = nn.Linear(config.decoder_ffn_dim, d)
+        # a decode step's rows: the GEMV kernel on CUDA (layers/linear.py)
+        self.fc1 = Linear(d, config.decoder_ffn_dim)
+        self.fc2 = Linear(config.decoder_ffn_dim, d)
         self.final_layer_norm = nn.LayerNorm(d)
         self.act = _activation(config.activation_function)
 
-    def forward(self, h: torch.Tensor, attention: PagedAttention, cross: CrossAttention) -> torch.Tensor:
-        # h: [num_tokens, d], the flat ragged batch
-        x = self.self_attn_layer_norm(h)
+    def forward(self, y: torch.Tensor | None, h: torch.Tensor, attention: PagedAttention,
+                cross: CrossAttention) -> tuple[torch.Tensor, torch.Tensor]:
+        """(this layer's MLP output, the residual stream before it); its input: the previous
+        layer's (None at the first). Each residual add goes into the next norm (one kernel on
+        CUDA: kernels/layer_norm.py); the caller adds the last y."""
+        # y, h: [num_tokens, d], the flat ragged batch
+        x, h = add_layer_norm(y, h, self.self_attn_layer_norm)
         q, k, v = self.self_attn.query_key_value(x)
         attn = attention.forward(self.index, q, k, v, scale=1.0)
-        h = h + self.self_attn.out_proj(attn.flatten(1))
-        x = self.encoder_attn_layer_norm(h)
+        x, h = add_layer_norm(self.self_attn.out_proj(attn.flatten(1)), h, self.encoder_attn_layer_norm)
         attn = cross.forward(self.index, self.encoder_attn.query(x), scale=1.0)
-        h = h + self.encoder_attn.out_proj(attn.flatten(1))
-        return h + self.fc2(self.act(self.fc1(self.final_layer_norm(h))))
+        x, h = add_layer_norm(self.encoder_attn.out_proj(attn.flatten(1)), h, self.final_layer_norm)
+        return self.fc2(self.act(self.fc1(x))), h
 
 
 class WhisperDecoder(nn.Module):
@@ -151,9 +157,10 @@ class WhisperDecoder(nn.Module):
         # input_ids, positions: [num_tokens] -> hidden [num_tokens, d]
         # no embedding scale: transformers ignores config.scale_embedding for Whisper
         h = self.embed_tokens(input_ids) + self.embed_positions(positions)
+        y = None
         for layer in self.layers:
-            h = layer(h, attention, cross)
-        return self.layer_norm(h)
+            y, h = layer(y, h, attention, cross)
+        return add_layer_norm(y, h, self.layer_norm)[0]
 
     def cross_key_values(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Encoder states [n, S, d] -> cross keys, values [num_layers, n, S, heads, head_dim]."""
