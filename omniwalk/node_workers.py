@@ -393,7 +393,7 @@ def _build(worker: WorkerSetup) -> dict[str, NodeExecutor]:
 
 
 #: what a proxy does not forward: an executor that overrides any of them keeps per-stream
-#: state (Whisper's encoder counts each stream's windows at `begin`) and cannot run apart yet
+#: state (a decoder's KV cache) and cannot run apart yet
 PER_STREAM_METHODS = ("begin", "pending_work", "can_reserve", "reserve", "holds_state", "preempt", "release")
 
 

@@ -76,12 +76,13 @@ def test_a_batch_that_raises_in_the_worker_fails_only_its_request():
 
 def test_only_executors_without_per_stream_state_run_in_a_worker():
     from omniwalk.models.orpheus.model import SnacDecoderExecutor
-    from omniwalk.models.whisper.executors import EncoderExecutor
+    from omniwalk.models.whisper.executors import DecoderExecutor, EncoderExecutor
 
-    with pytest.raises(ValueError, match=r"node 'encoder': EncoderExecutor keeps per-stream state \(begin, "
-                                         r"pending_work, release\)"):
-        check_stateless("encoder", EncoderExecutor.__new__(EncoderExecutor))
+    with pytest.raises(ValueError, match=r"node 'decoder': DecoderExecutor keeps per-stream state \(begin, "
+                                         r"pending_work, can_reserve, reserve, holds_state, preempt, release\)"):
+        check_stateless("decoder", DecoderExecutor.__new__(DecoderExecutor))
     check_stateless("snac_decoder", SnacDecoderExecutor.__new__(SnacDecoderExecutor))
+    check_stateless("encoder", EncoderExecutor.__new__(EncoderExecutor))
 
 
 def test_a_worker_silent_past_the_timeout_fails_the_step_instead_of_hanging_it():

@@ -81,7 +81,9 @@ from omniwalk.runtime.executor import NodeCall, NodeExecutor
 
 
 class EncoderExecutor(NodeExecutor):
-    """Node `encoder`: features [W, mels, frames] -> encoder_states [W, source_len, d]."""
+    """Node `encoder`: features [W, mels, frames] -> encoder_states [W, source_len, d].
+    Without per-stream state (it may run in a worker process: node_workers.py): the plan
+    sends one window a call, so a call's work unit (NodeExecutor's 1) is its window."""
 
     def __init__(self, encoder: WhisperEncoder, max_windows: int = 16, max_batch_size: int = 256,
                  graphs: EncoderGraphs | None = None):
@@ -91,13 +93,6 @@ class EncoderExecutor(NodeExecutor):
         self.max_batch_size = max_batch_size
         weight = encoder.conv1.weight
         self.device, self.dtype = weight.device, weight.dtype
-        self.num_windows: dict[int, int] = {}
-
-    def begin(self, stream, inputs) -> None:
-        self.num_windows[stream.handle] = inputs["features"].shape[0]
-
-    def pending_work(self, stream) -> int:
-        return self.num_windows[stream.handle]     # work units: windows
 
     @torch.inference_mode()
     def run(self, calls: list[NodeCall]) -> list[dict]:
@@ -111,9 +106,6 @@ class EncoderExecutor(NodeExecutor):
         if self.graphs is None:
             return self.encoder(features)
         return self.graphs.run(features).clone()   # the next replay overwrites the graph's output
-
-    def release(self, stream) -> None:
-        self.num_windows.pop(stream.handle, None)
 
 
 @dataclass(frozen=True)
@@ -340,6 +332,8 @@ class DecoderExecutor(CausalLMExecutor):
         if isinstance(tokens, int):      # a decode step: the token sampled last
             super().begin(stream, inputs)
             return
+        # the encoder may run on another device, in a worker process (node_workers.py)
+        tokens = dataclasses.replace(tokens, encoder_states=tokens.encoder_states.to(self.device))
         state = self.sequences.get(stream.handle)
         if state is not None:            # a later window or attempt: a new sequence (pages: `reserve`)
             state.start_window(tokens, stream.params.sampling)

@@ -23,14 +23,14 @@ import time
 from pathlib import Path
 
 from omniwalk.engine.cross_attention import CrossAttentionCache, CrossAttentionShape
-from omniwalk.loading import uses_decode_graphs
+from omniwalk.loading import build_module, uses_decode_graphs
 from omniwalk.models.family import LoaderSpec
 from omniwalk.models.loader import read_hf_config
 from omniwalk.models.whisper.config import WhisperConfig, WhisperGenerationConfig, tiny_config
 from omniwalk.models.whisper.encoder_graphs import EncoderGraphs
-from omniwalk.models.whisper.executors import DecoderStep
+from omniwalk.models.whisper.executors import DecoderStep, EncoderExecutor
 from omniwalk.models.whisper.features import FeatureConfig, LogMelFeatures
-from omniwalk.models.whisper.model import WhisperTranscriptionModel
+from omniwalk.models.whisper.model import ENCODER, WhisperTranscriptionModel
 from omniwalk.models.whisper.modeling import WhisperForConditionalGeneration
 from omniwalk.tokenizer import NoTokenizer, has_tokenizer_files, load_tokenizer
 
@@ -90,6 +90,19 @@ def capture_encoder_graphs(encoder) -> EncoderGraphs:
     return graphs
 
 
+def encoder_executor(ctx) -> EncoderExecutor:
+    """Node `encoder` alone, in a worker process of its own (a placement's other group): the
+    whole model built there (random weights are drawn over all of it, so the encoder's equal
+    the engine's), its decoder dropped."""
+    net = build_module(lambda: WhisperForConditionalGeneration(ctx.config), ctx.device, ctx.dtype, ctx.random_weights,
+                       ctx.args.seed, ctx.folder, rename=lambda name: WHISPER_LOADER.rename(ctx.config, name))
+    net.fuse_projections()
+    encoder = net.encoder
+    del net
+    graphs = capture_encoder_graphs(encoder) if uses_decode_graphs(ctx.args, ctx.device) else None
+    return EncoderExecutor(encoder, MAX_ENCODER_WINDOWS, ctx.args.max_num_seqs, graphs)
+
+
 def serve_whisper(ctx) -> WhisperTranscriptionModel:
     config = ctx.config
     if ctx.cache.shape.capacity_tokens < config.max_target_positions:
@@ -113,4 +126,5 @@ WHISPER_LOADER = LoaderSpec(
     decode_step=lambda ctx: DecoderStep(ctx.module),
     prefill_graphs=False,
     serve=serve_whisper,
+    worker_executors={ENCODER.name: encoder_executor},
 )
