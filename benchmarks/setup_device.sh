@@ -124,12 +124,15 @@ start_server() {   # start_server NAME PORT ARGS...: `omniwalk serve ARGS --port
   return 1
 }
 
-finish() {   # finish TABLE: print the summary of $OUT/TABLE-*.json; exit 1 when any run failed
+finish() {   # finish TABLE: print the summary of its runs' JSON; exit 1 when any run failed
   local table=$1
   echo
-  echo "==== $table: summary (python3 benchmarks/summary.py $OUT/$table-*.json)"
-  if compgen -G "$OUT/$table-*.json" > /dev/null; then
-    python3 benchmarks/summary.py "$OUT/$table"-*.json || true
+  # TABLE-*.json, and the variants' TABLE<digit>-*.json (asr5-*: the 5 s clips)
+  local files
+  files=$(ls "$OUT/$table"-*.json "$OUT/$table"[0-9]-*.json 2> /dev/null || true)
+  echo "==== $table: summary (python3 benchmarks/summary.py $(echo $files))"
+  if [ -n "$files" ]; then
+    python3 benchmarks/summary.py $files || true
   fi
   if [ ${#BENCH_FAILED[@]} -gt 0 ]; then
     echo "FAILED: ${BENCH_FAILED[*]} (logs in $OUT)"
