@@ -8,9 +8,9 @@
 #   parts: inproc inproc-proc http http-asc4 (default: all)
 # Expected: ~5 minutes on an H200 (four in-process engines and two servers: ~30 s to start
 # each; the runs ~2 minutes together); http-asc4 alone ~1.5 minutes. HF on the same prompts:
-# benchmarks/hf_baseline.sh. Over HTTP the load generator runs as 4 processes
-# (--client-processes 4): one Python process reading ~30,000 SSE events/s is busy all the
-# time at c = 128 and its figures are its own limit (the JSON's load_generator.cpu_fraction).
+# benchmarks/hf_baseline.sh. Over HTTP at c = 32 / 128 the load generator runs as 4
+# processes (--client-processes 4): one Python process reading ~30,000 SSE events/s may set
+# the figures itself (the JSON's load_generator.cpu_fraction says how busy each was).
 set -euo pipefail
 source benchmarks/setup_device.sh
 

@@ -1,8 +1,8 @@
 """How busy the load generator was, and `--client-processes N`: the load generator over N
 processes.
 
-One asyncio process reading ~30,000 SSE events/s is a core at 100 %: the figures are then
-its limit, not the server's. Each run over HTTP reports `load_generator`: the number of
+One asyncio process reading tens of thousands of SSE events/s can use a whole core: the
+figures are then its limit, not the server's. Each run over HTTP reports `load_generator`: the number of
 processes and the busiest one's CPU seconds per second of its measured phase.
 
 With N processes request i goes to process i % N (warmup too). A closed loop at c gives
