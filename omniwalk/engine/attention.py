@@ -73,9 +73,11 @@ class PagedAttention:
         value: torch.Tensor,   # [num_tokens, num_kv_heads, head_dim]
         scale: float,
         rotary: QKRotary | None = None,
+        max_splits: int | None = None,
     ) -> torch.Tensor:         # [num_tokens, num_heads, head_dim]
         """`rotary`: normalize and rotate query and key first (`kernels.norm_rotary`); on
-        CUDA one kernel does that and the cache write."""
+        CUDA one kernel does that and the cache write. `max_splits`: a cap on how many ways
+        a decode step splits each sequence's keys (`kernels.paged_attention`; 1: never)."""
         meta = self.metadata
         key_pool = self.cache.keys[layer_index]
         value_pool = self.cache.values[layer_index]
@@ -87,7 +89,7 @@ class PagedAttention:
         if self.use_triton:
             return paged_attention(
                 query, key_pool, value_pool, meta.query_start, meta.context_lens_tensor,
-                meta.page_table_tensor, self.cache.page_size, meta.max_query_len, scale,
+                meta.page_table_tensor, self.cache.page_size, meta.max_query_len, scale, max_splits,
             )
         return paged_attention_reference(query, key_pool, value_pool, *meta.host_lists(self.cache.page_size),
                                          self.cache.page_size, scale)

@@ -46,6 +46,7 @@ def paged_attention(
     page_size: int,
     max_query_len: int,
     scale: float,
+    max_splits: int | None = None,   # a cap on the decode splits (1: never split)
 ) -> torch.Tensor:                # [num_tokens, num_heads, head_dim]
     num_tokens, num_heads, head_dim = query.shape
     num_kv_heads = key_cache.shape[1]
@@ -55,7 +56,7 @@ def paged_attention(
     block_m = 1 if max_query_len == 1 else max(1, 64 // group)
     rows = max(16, triton.next_power_of_2(block_m * group))
     num_sequences = query_start.shape[0] - 1
-    max_splits = MAX_SPLITS if query.is_cuda else INTERPRETER_MAX_SPLITS
+    max_splits = min(MAX_SPLITS if query.is_cuda else INTERPRETER_MAX_SPLITS, max_splits or MAX_SPLITS)
     splits = decode_splits(num_sequences, num_kv_heads, max_splits) if max_query_len == 1 else 1
     block_d = max(16, triton.next_power_of_2(head_dim))   # tl.dot's K is at least 16; the rest masked
     partial_acc = partial_stats = out

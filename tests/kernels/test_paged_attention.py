@@ -120,6 +120,26 @@ def test_split_decode_matches_sdpa_on_cpu(seed, monkeypatch):
     compare_split_decode(seed, 4, 2, 16, 4)
 
 
+def test_max_splits_one_decodes_unsplit(monkeypatch):
+    """A caller's cap (Whisper's short windows: `max_splits=1`) leaves out the split and its
+    merge kernel, where the batch's shape alone would split 8-16 ways; same values."""
+    from omniwalk.kernels import paged_attention
+
+    monkeypatch.setattr(paged_attention, "INTERPRETER_MAX_SPLITS", paged_attention.MAX_SPLITS)
+    merges = []
+    monkeypatch.setattr(paged_attention, "_merge_splits_kernel", type("Merge", (), {
+        "__getitem__": lambda self, grid: lambda *args, **kwargs: merges.append(grid)})())
+    cache, handles, context_lens, _, q, k, v = random_batch(0, 4, 2, 16, 4, "cpu", torch.float32)
+    q, k, v = q[: len(handles)], k[: len(handles)], v[: len(handles)]
+    query_lens = [1] * len(handles)
+    expected = PagedAttention(cache, build_metadata(cache, handles, context_lens, query_lens, "cpu",
+                                                    use_triton=False)).forward(0, q, k, v, 0.25)
+    got = PagedAttention(cache, build_metadata(cache, handles, context_lens, query_lens, "cpu",
+                                               use_triton=True)).forward(0, q, k, v, 0.25, max_splits=1)
+    assert not merges
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("seed", range(4))
 def test_split_decode_matches_sdpa_on_cuda_bf16(seed):

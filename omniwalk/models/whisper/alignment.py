@@ -33,8 +33,8 @@ TIME_PER_FRAME = 0.02      # seconds per encoder frame (two mel frames)
 class DenseAttention:
     """Causal self-attention over one sequence (what `PagedAttention.forward` computes)."""
 
-    def forward(self, layer_index: int, query, key, value, scale: float) -> torch.Tensor:
-        # query, key, value: [T, H, D] -> [T, H, D]
+    def forward(self, layer_index: int, query, key, value, scale: float, max_splits: int | None = None) -> torch.Tensor:
+        # query, key, value: [T, H, D] -> [T, H, D] (max_splits: PagedAttention's, nothing to split here)
         q, k, v = (t.transpose(0, 1) for t in (query, key, value))
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale).transpose(0, 1)
 

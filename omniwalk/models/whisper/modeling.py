@@ -136,7 +136,10 @@ class WhisperDecoderLayer(nn.Module):
         # y, h: [num_tokens, d], the flat ragged batch
         x, h = add_layer_norm(y, h, self.self_attn_layer_norm)
         q, k, v = self.self_attn.query_key_value(x)
-        attn = attention.forward(self.index, q, k, v, scale=1.0)
+        # a window holds at most 448 tokens (7 tiles of 64 keys): unsplit, one program per head
+        # walks them, where a split decode added a merge kernel a layer (the c = 1 kernel table
+        # at 7e2d9bf: 4 splits 3.6 us + merge 5.1 us a layer)
+        attn = attention.forward(self.index, q, k, v, scale=1.0, max_splits=1)
         x, h = add_layer_norm(self.self_attn.out_proj(attn.flatten(1)), h, self.encoder_attn_layer_norm)
         attn = cross.forward(self.index, self.encoder_attn.query(x), scale=1.0)
         x, h = add_layer_norm(self.encoder_attn.out_proj(attn.flatten(1)), h, self.final_layer_norm)
