@@ -97,15 +97,17 @@ class EncoderExecutor(NodeExecutor):
     @torch.inference_mode()
     def run(self, calls: list[NodeCall]) -> list[dict]:
         features = torch.cat([call.inputs["features"] for call in calls]).to(self.device, self.dtype)
-        states = torch.cat([self._encode(part) for part in features.split(self.max_windows)])
-        # one request's states must not keep the whole batch alive: copies per call
+        parts = features.split(self.max_windows)
+        # a graph's output is overwritten by its next replay: with several parts each is copied first
+        states = self._encode(parts[0]) if len(parts) == 1 else torch.cat([self._encode(p).clone() for p in parts])
+        # one request's states must not keep the whole batch alive (nor a graph's output): copies per call
         sizes = [call.inputs["features"].shape[0] for call in calls]
         return [{"encoder_states": part.clone()} for part in states.split(sizes)]
 
     def _encode(self, features: torch.Tensor) -> torch.Tensor:
         if self.graphs is None:
             return self.encoder(features)
-        return self.graphs.run(features).clone()   # the next replay overwrites the graph's output
+        return self.graphs.run(features)
 
 
 @dataclass(frozen=True)
