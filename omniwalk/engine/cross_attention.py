@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from omniwalk.engine.host_to_device import to_device
 from omniwalk.kernels.cross_attention import cross_attention_decode, cross_attention_reference
 from omniwalk.kernels.triton_support import use_triton
 
@@ -83,11 +84,20 @@ class CrossAttentionCache:
     def decode_view(self, row_slots: torch.Tensor) -> "CrossAttention":
         return CrossAttention.for_decode_graph(self, row_slots[0])
 
-    def write(self, handles: list[int], keys: torch.Tensor, values: torch.Tensor) -> None:
-        """keys/values: [num_layers, len(handles), source_len, num_heads, head_dim]."""
-        slots = torch.tensor([self.slot_of[h] for h in handles], dtype=torch.long, device=self.keys.device)
-        self.keys[:, slots] = keys.to(self.keys.dtype)
-        self.values[:, slots] = values.to(self.values.dtype)
+    def slot_index(self, handles: list[int]) -> torch.Tensor:
+        """The slots of `handles` on the pool's device (queued, no host wait)."""
+        return to_device([self.slot_of[h] for h in handles], torch.long, self.keys.device)
+
+    def write_layer(self, layer_index: int, slot_index: torch.Tensor, keys: torch.Tensor,
+                    values: torch.Tensor) -> None:
+        """keys/values [len(slot_index), source_len, num_heads, head_dim] of one layer, into
+        the slots `slot_index` (one copy each, straight from the projection's output)."""
+        self.keys[layer_index].index_copy_(0, slot_index, keys.to(self.keys.dtype))
+        self.values[layer_index].index_copy_(0, slot_index, values.to(self.values.dtype))
+
+
+#: the most query tokens of one stream that the decode kernel takes as rows (see CrossAttention)
+PER_TOKEN_MAX_QUERY_LEN = 32
 
 
 class CrossAttention:
@@ -99,7 +109,20 @@ class CrossAttention:
         self.query_lens = list(query_lens)
         self.slots = [cache.slot_of[h] for h in handles]
         self.uniform = len(set(self.query_lens)) == 1
-        self.slot_index = torch.tensor(self.slots, dtype=torch.long, device=cache.keys.device)
+        device = cache.keys.device
+        self.slot_index = to_device(self.slots, torch.long, device)
+        # Every query token attends to all of its stream's slot (the source has no causal
+        # mask), so on CUDA a prefill's tokens are rows of the decode kernel, each naming its
+        # stream's slot. A batch mixing decode rows with new windows' prompts then reads in
+        # place too, where a loop of one SDPA per stream and layer cost ~64 ms of host time
+        # for a batch of 16 (the c = 32 step probe at 31f317b). A long prompt (previous-text
+        # conditioning: up to 224 tokens) would read its slot once per token: such a batch
+        # takes the SDPA paths below.
+        self.token_slot_index = self.slot_index
+        self.per_token = max(self.query_lens, default=1) <= PER_TOKEN_MAX_QUERY_LEN
+        if self.per_token and any(n != 1 for n in self.query_lens):
+            self.token_slot_index = to_device([slot for slot, n in zip(self.slots, self.query_lens)
+                                               for _ in range(n)], torch.long, device)
 
     @classmethod
     def for_decode_graph(cls, cache: CrossAttentionCache, slot_index: torch.Tensor) -> "CrossAttention":
@@ -108,17 +131,19 @@ class CrossAttention:
         view = cls.__new__(cls)
         view.cache, view.slot_index = cache, slot_index
         view.query_lens = [1] * len(slot_index)
-        view.slots = None   # only the uniform path runs: it reads slot_index
+        view.slots = None   # only the uniform paths run: they read slot_index
         view.uniform = True
+        view.token_slot_index = slot_index
+        view.per_token = True
         return view
 
     def forward(self, layer_index: int, query: torch.Tensor, scale: float) -> torch.Tensor:
         # query: [num_tokens, num_heads, head_dim] -> [num_tokens, num_heads, head_dim]
         keys, values = self.cache.keys[layer_index], self.cache.values[layer_index]   # [slots, S, H, D]
-        if self.uniform and self.query_lens[0] == 1 and use_triton(query):
-            # decode steps on CUDA: read each row's slot in place (a gather would copy
-            # 2 x 1500 x heads x head_dim values per row and layer, every step)
-            return cross_attention_decode(query, keys, values, self.slot_index, scale)
+        if self.per_token and use_triton(query):
+            # on CUDA each token reads its slot in place (a gather would copy
+            # 2 x 1500 x heads x head_dim values per token and layer, every step)
+            return cross_attention_decode(query, keys, values, self.token_slot_index, scale)
         if self.uniform:   # decode steps (and equal chunks): one batched SDPA
             return cross_attention_reference(query, keys, values, self.slot_index, scale, self.query_lens[0])
         outputs, start = [], 0

@@ -36,6 +36,25 @@ def test_cross_attention_decode_kernel_matches_sdpa(monkeypatch, dtype):
     torch.testing.assert_close(got, expected, **tolerance)
 
 
+def test_ragged_prefill_reads_each_tokens_slot_in_place(monkeypatch):
+    """A batch mixing decode rows with new prompts (query lengths 1, 3, 2): on CUDA every
+    token is a row of the decode kernel naming its stream's slot; the same as one SDPA per stream."""
+    gen = torch.Generator().manual_seed(6)
+    cache = CrossAttentionCache(CrossAttentionShape(num_layers=2, num_slots=4, source_len=90, num_heads=2,
+                                                    head_dim=16), torch.float32, "cpu")
+    cache.keys.copy_(torch.randn(cache.keys.shape, generator=gen))
+    cache.values.copy_(torch.randn(cache.values.shape, generator=gen))
+    for handle in (20, 21, 22):
+        cache.allocate(handle)
+    handles, query_lens = [22, 20, 21], [1, 3, 2]
+    query = torch.randn(6, 2, 16, generator=gen)
+    expected = CrossAttention(cache, handles, query_lens).forward(1, query, 0.25)
+    monkeypatch.setattr(cross_attention, "use_triton", lambda x: True)
+    view = CrossAttention(cache, handles, query_lens)
+    assert view.token_slot_index.tolist() == [cache.slot_of[22]] + [cache.slot_of[20]] * 3 + [cache.slot_of[21]] * 2
+    torch.testing.assert_close(view.forward(1, query, 0.25), expected, atol=1e-5, rtol=1e-5)
+
+
 def random_pool(gen, num_slots, source_len, heads, head_dim, dtype, device="cpu"):
     keys = torch.randn(num_slots, source_len, heads, head_dim, generator=gen).to(device=device, dtype=dtype)
     values = torch.randn(num_slots, source_len, heads, head_dim, generator=gen).to(device=device, dtype=dtype)

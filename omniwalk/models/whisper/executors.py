@@ -96,7 +96,8 @@ class EncoderExecutor(NodeExecutor):
 
     @torch.inference_mode()
     def run(self, calls: list[NodeCall]) -> list[dict]:
-        features = torch.cat([call.inputs["features"] for call in calls]).to(self.device, self.dtype)
+        # through pinned memory: a copy from pageable memory would first wait for every kernel queued
+        features = to_device(torch.cat([call.inputs["features"] for call in calls]), device=self.device).to(self.dtype)
         parts = features.split(self.max_windows)
         # a graph's output is overwritten by its next replay: with several parts each is copied first
         states = self._encode(parts[0]) if len(parts) == 1 else torch.cat([self._encode(p).clone() for p in parts])
@@ -474,9 +475,12 @@ class DecoderExecutor(CausalLMExecutor):
         return (CrossAttention(self.cross, handles, query_lens),)
 
     def _write_cross(self, handles: list[int], states: list[TranscriptState]) -> None:
+        # layer by layer straight into the slots (stacking every layer's keys first cost two
+        # copies of ~250 MB a window on large-v3)
         step = self.max_cross_writes
+        layers = self.model.decoder.layers
         for start in range(0, len(handles), step):
-            part = states[start : start + step]
-            encoder_states = torch.stack([state.encoder_states for state in part])   # [n, S, d]
-            keys, values = self.model.decoder.cross_key_values(encoder_states)
-            self.cross.write(handles[start : start + step], keys, values)
+            slots = self.cross.slot_index(handles[start : start + step])
+            encoder_states = torch.stack([state.encoder_states for state in states[start : start + step]])
+            for layer in layers:
+                self.cross.write_layer(layer.index, slots, *layer.encoder_attn.key_value(encoder_states))
