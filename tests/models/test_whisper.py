@@ -367,7 +367,8 @@ def test_english_only_checkpoint_equals_hf_generate(checkpoint, tmp_path):
 @pytest.mark.slow
 def test_decode_graph_path_equals_eager_path(monkeypatch):
     """The decoder's decode-graph path (eager on a CPU, the same buffers and cross-attention
-    slots a captured graph reads) gives the eager path's ids, with language detection,
+    slots a captured graph reads) gives the eager path's ids, with language detection (its
+    [sot] step in a graph too),
     windows of long audio, timestamp rules (half the streams) and 8 streams at once."""
     from omniwalk.engine.cuda_graphs import DecodeGraphs
     from omniwalk.loading import load_model
@@ -380,7 +381,7 @@ def test_decode_graph_path_equals_eager_path(monkeypatch):
                 for i in range(8)]
     replays = []
     run = DecodeGraphs.run
-    monkeypatch.setattr(DecodeGraphs, "run", lambda self, **kw: replays.append(len(kw["positions"])) or run(self, **kw))
+    monkeypatch.setattr(DecodeGraphs, "run", lambda self, **kw: replays.append(list(kw["positions"])) or run(self, **kw))
     encodes = []
     encode = EncoderGraphs.run
     monkeypatch.setattr(EncoderGraphs, "run", lambda self, features: encodes.append(len(features)) or encode(self, features))
@@ -399,7 +400,8 @@ def test_decode_graph_path_equals_eager_path(monkeypatch):
             outputs[graphs] = [[t for c in s for t in c.token_ids] for s in streams]
     assert outputs[True] == outputs[False]
     assert sum(len(ids) for ids in outputs[True]) > 100
-    assert len(replays) > 20 and max(replays) > 1       # batched decode steps went through the graphs
+    assert len(replays) > 20 and max(map(len, replays)) > 1   # batched decode steps went through the graphs
+    assert any(0 in positions for positions in replays)        # and language detection ([sot] at position 0)
     assert encodes and max(encodes) > 1                 # so did batched windows
     # the shared executor's look-ahead step took decode steps (whether a step also samples
     # through the sampling graphs depends on which streams share it, so on arrival timing:

@@ -399,7 +399,15 @@ class DecoderExecutor(CausalLMExecutor):
                             detect: list[int]) -> list[dict | None]:
         """Language detection ([sot] alone) beside the shared step of the other calls:
         argmax over the language ids whatever the temperature (as transformers), no sample."""
-        logits = self._forward_eager([calls[i] for i in detect], [states[i] for i in detect], list(range(len(detect))))
+        detect_calls, detect_states = [calls[i] for i in detect], [states[i] for i in detect]
+        # [sot] alone is a decode step's shape: a decode graph computes it where one fits (an
+        # eager pass over large-v3's 32 layers cost ~20 ms of host launches, at c = 1 a fifth
+        # of a request). Not while a look-ahead step is in flight: this replay would take the
+        # pinned staging its copies may still read (DecodeGraphs alternates two sets a step).
+        if self.lookahead is None and self._graph_rows(detect_calls, list(range(len(detect)))):
+            logits = self._decode_with_graph(detect_calls, detect_states)
+        else:
+            logits = self._forward_eager(detect_calls, detect_states, list(range(len(detect))))
         languages = self.language_ids[logits[:, self.language_ids].argmax(dim=-1)].tolist()
         results: list[dict | None] = [None] * len(calls)
         skip = set(detect)
