@@ -402,9 +402,13 @@ class DecoderExecutor(CausalLMExecutor):
         detect_calls, detect_states = [calls[i] for i in detect], [states[i] for i in detect]
         # [sot] alone is a decode step's shape: a decode graph computes it where one fits (an
         # eager pass over large-v3's 32 layers cost ~20 ms of host launches, at c = 1 a fifth
-        # of a request). Not while a look-ahead step is in flight: this replay would take the
-        # pinned staging its copies may still read (DecodeGraphs alternates two sets a step).
-        if self.lookahead is None and self._graph_rows(detect_calls, list(range(len(detect)))):
+        # of a request)
+        if self._graph_rows(detect_calls, list(range(len(detect)))):
+            if self.lookahead is not None:
+                # DecodeGraphs alternates two sets of pinned staging a step: this extra replay
+                # shifts which set the next one takes, so the look-ahead step's copies must have
+                # been read (a dropped one's too) before either set is written again
+                self.lookahead.host_copy.wait()
             logits = self._decode_with_graph(detect_calls, detect_states)
         else:
             logits = self._forward_eager(detect_calls, detect_states, list(range(len(detect))))
