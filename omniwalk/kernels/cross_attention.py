@@ -28,17 +28,24 @@ if triton is not None:
     from omniwalk.kernels.paged_attention import _merge_splits_kernel
     from omniwalk.kernels.triton_support import await_predecessor
 
-#: programs a decode step's cross-attention should have at least (splits of each row's positions
-#: are added until rows * heads * splits reaches it), the most splits, and each program's tile
-#: of positions and warps. Measured on the H200 (large-v3's shape: 20 heads, 1500 positions,
-#: bf16; 20 calls in a CUDA graph, probe at cb0225a), these choose the fastest configuration
-#: of 60 at 1, 4, 8, 16, 32 and 64 rows: 6.9, 8.8, 20.0, 37.3, 66.8 and 132.7 us a call
-#: (3.7 TB/s from 32 rows on). Before (at most 512 programs, 16 splits, 32- or 64-position
-#: tiles, 4 warps): 8.0, 10.3, 28.3, 47.8, 104.0 and 206.6 us.
-TARGET_PROGRAMS = 640
-MAX_SPLITS = 8
-BLOCK_N = 128
-NUM_WARPS = 2
+#: programs a decode step's cross-attention should have at least: the H200's 132 SMs a few
+#: times over, since a program walks its share one tile after the other; and the most splits
+#: (16: ~94 of Whisper's 1500 positions a program, three tiles of SPLIT_BLOCK_N)
+TARGET_PROGRAMS = 512
+MAX_SPLITS = 16
+#: positions a program reads at a time, and its warps. Measured on the H200 (large-v3's shape,
+#: probe at ccd9555): at 32 rows unsplit, 128-position tiles with 2 warps took 68.7 us a call
+#: (3.6 TB/s) against 104.0 us (2.4 TB/s) with 64 and 4 warps; at 64 rows 133 against 207 us;
+#: at 8 rows split 2 ways, 50.5 against 94.0 us. Split many ways (16: ~94 of Whisper's 1500
+#: positions a share) each share keeps 32-position tiles, so that none is empty.
+#: A sweep in CUDA graphs (probe at cb0225a) found more splits faster alone (640 programs, at
+#: most 8 ways, 128-position tiles at every split: 8 rows 28.3 -> 20.0 us, 16 rows 47.8 ->
+#: 37.3), but with it 5 s clips ran slower end to end (c = 8 43.3 -> 40.8 req/s, c = 32
+#: 74.5 -> 67.2, turbo 119.9 -> 113.4 at 755add9): not taken; worth a repeat of both.
+BLOCK_N, NUM_WARPS = 128, 2
+SPLIT_BLOCK_N, SPLIT_NUM_WARPS = 32, 4
+#: the most splits that still take BLOCK_N / NUM_WARPS (each share at least a whole tile)
+WIDE_TILE_MAX_SPLITS = 4
 #: Triton's interpreter on a CPU (CI) has no SMs to fill and runs one Python call per
 #: program: unsplit. tests/kernels/test_cross_attention.py checks the split kernel and its
 #: merge there through `splits=` and by setting this
@@ -74,12 +81,13 @@ def cross_attention_decode(query: torch.Tensor, keys: torch.Tensor, values: torc
     if splits > 1:   # [rows, heads, splits, dim] and [rows, heads, splits, (max, sum)]: the merge's layout
         partial_acc = torch.empty((rows, heads, splits, block_d), dtype=torch.float32, device=query.device)
         partial_stats = torch.empty((rows, heads, splits, 2), dtype=torch.float32, device=query.device)
+    wide = splits <= WIDE_TILE_MAX_SPLITS
     _cross_decode_kernel[(rows, heads, splits)](
         query, keys, values, slot_index, out, partial_acc, partial_stats, scale,
         query.stride(0), query.stride(1), keys.stride(0), keys.stride(1), keys.stride(2),
         out.stride(0), out.stride(1), keys.shape[1],
-        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=BLOCK_N, SPLITS=splits, num_warps=NUM_WARPS,
-        **pdl_launch(query))
+        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=BLOCK_N if wide else SPLIT_BLOCK_N, SPLITS=splits,
+        num_warps=NUM_WARPS if wide else SPLIT_NUM_WARPS, **pdl_launch(query))
     if splits > 1:
         _merge_splits_kernel[(rows, heads)](
             partial_acc, partial_stats, out, out.stride(0), out.stride(1),

@@ -403,8 +403,8 @@ class DecoderExecutor(CausalLMExecutor):
         # [sot] alone is a decode step's shape: a decode graph computes it where one fits,
         # instead of an eager pass over every layer. Not while a look-ahead step is in flight:
         # DecodeGraphs alternates two sets of pinned staging a step, and this extra replay
-        # would write the set its copies may still read (waiting for it first cost more than
-        # the graph gave: 5 s clips at c = 32, 74.5 -> 67.2 req/s at 755add9)
+        # would write the set its copies may still read. (Not measured on a GPU: the ASR
+        # bench names the language.)
         if self.lookahead is None and self._graph_rows(detect_calls, list(range(len(detect)))):
             logits = self._decode_with_graph(detect_calls, detect_states)
         else:
