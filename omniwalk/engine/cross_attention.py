@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from omniwalk.engine.host_to_device import to_device
+from omniwalk.engine.ragged import RaggedLengths
 from omniwalk.kernels.cross_attention import cross_attention_decode, cross_attention_reference
 from omniwalk.kernels.triton_support import use_triton
 
@@ -84,6 +85,11 @@ class CrossAttentionCache:
     def decode_view(self, row_slots: torch.Tensor) -> "CrossAttention":
         return CrossAttention.for_decode_graph(self, row_slots[0])
 
+    def prefill_view(self, row_slots: torch.Tensor, ragged: RaggedLengths) -> "CrossAttention":
+        """As a prefill graph's `SlotResource`: `row_slots` [1, sequences], `ragged` the
+        graph's layout buffers (`engine/prefill_graphs.py`)."""
+        return CrossAttention.for_prefill_graph(self, row_slots[0], ragged)
+
     def slot_index(self, handles: list[int]) -> torch.Tensor:
         """The slots of `handles` on the pool's device (queued, no host wait)."""
         return to_device([self.slot_of[h] for h in handles], torch.long, self.keys.device)
@@ -137,13 +143,37 @@ class CrossAttention:
         view.per_token = True
         return view
 
+    @classmethod
+    def for_prefill_graph(cls, cache: CrossAttentionCache, slot_index: torch.Tensor,
+                          ragged: RaggedLengths) -> "CrossAttention":
+        """The tokens of a prefill graph's ragged batch, each over its sequence's slot
+        (`slot_index` [sequences], padding sequences included). Captured on CUDA: each token's
+        slot is gathered in the graph from the layout's cu_seqlens, so it holds whatever batch
+        a replay brings. On a CPU (nothing captured) the host's lengths and slots serve."""
+        view = cls.__new__(cls)
+        view.cache, view.slot_index = cache, slot_index
+        view.per_token = True
+        view.ragged = ragged
+        view.token_slot_index = None      # made by the first layer's call, shared by the rest
+        view.query_lens = None if ragged.lengths is None else list(ragged.lengths)
+        view.slots = None if ragged.lengths is None else slot_index.tolist()
+        view.uniform = view.query_lens is not None and len(set(view.query_lens)) == 1
+        return view
+
+    def _token_slots(self, num_tokens: int) -> torch.Tensor:
+        if self.token_slot_index is None:   # a prefill graph's view: token t is in sequence #ends <= t
+            tokens = torch.arange(num_tokens, device=self.slot_index.device)
+            sequence = torch.searchsorted(self.ragged.cu_seqlens[1:], tokens, right=True)
+            self.token_slot_index = self.slot_index[sequence]
+        return self.token_slot_index
+
     def forward(self, layer_index: int, query: torch.Tensor, scale: float) -> torch.Tensor:
         # query: [num_tokens, num_heads, head_dim] -> [num_tokens, num_heads, head_dim]
         keys, values = self.cache.keys[layer_index], self.cache.values[layer_index]   # [slots, S, H, D]
         if self.per_token and use_triton(query):
             # on CUDA each token reads its slot in place (a gather would copy
             # 2 x 1500 x heads x head_dim values per token and layer, every step)
-            return cross_attention_decode(query, keys, values, self.token_slot_index, scale)
+            return cross_attention_decode(query, keys, values, self._token_slots(query.shape[0]), scale)
         if self.uniform:   # decode steps (and equal chunks): one batched SDPA
             return cross_attention_reference(query, keys, values, self.slot_index, scale, self.query_lens[0])
         outputs, start = [], 0

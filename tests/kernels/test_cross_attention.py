@@ -55,6 +55,32 @@ def test_ragged_prefill_reads_each_tokens_slot_in_place(monkeypatch):
     torch.testing.assert_close(view.forward(1, query, 0.25), expected, atol=1e-5, rtol=1e-5)
 
 
+def test_prefill_graph_view_gathers_each_tokens_slot_from_the_layout(monkeypatch):
+    """A prefill graph's view holds no host lengths on CUDA: each token's slot comes from the
+    layout's cu_seqlens and the sequences' slots (padding sequence last, on the scratch slot)."""
+    from omniwalk.engine.ragged import RaggedLengths
+
+    gen = torch.Generator().manual_seed(8)
+    cache = CrossAttentionCache(CrossAttentionShape(num_layers=1, num_slots=5, source_len=70, num_heads=2,
+                                                    head_dim=16), torch.float32, "cpu")
+    cache.keys.copy_(torch.randn(cache.keys.shape, generator=gen))
+    cache.values.copy_(torch.randn(cache.values.shape, generator=gen))
+    for handle in (30, 31, 32):
+        cache.allocate(handle)
+    handles, lengths = [32, 30, 31], [4, 1, 3]          # the last: a padding sequence on handle 31's slot
+    query = torch.randn(8, 2, 16, generator=gen)
+    expected = CrossAttention(cache, handles, lengths).forward(0, query, 0.25)
+    slots = torch.tensor([cache.slot_of[h] for h in handles])
+    cu_seqlens = torch.tensor([0, 4, 5, 8])
+    ragged = RaggedLengths.from_buffers(cu_seqlens, torch.zeros(8, 1, dtype=torch.long),
+                                        torch.zeros(3, 0, dtype=torch.long), max_len=8)   # as on CUDA: no lengths
+    monkeypatch.setattr(cross_attention, "use_triton", lambda x: True)
+    view = cache.prefill_view(slots[None], ragged)
+    got = view.forward(0, query, 0.25)
+    assert view.token_slot_index.tolist() == [slots[0]] * 4 + [slots[1]] + [slots[2]] * 3
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
 def random_pool(gen, num_slots, source_len, heads, head_dim, dtype, device="cpu"):
     keys = torch.randn(num_slots, source_len, heads, head_dim, generator=gen).to(device=device, dtype=dtype)
     values = torch.randn(num_slots, source_len, heads, head_dim, generator=gen).to(device=device, dtype=dtype)

@@ -367,10 +367,11 @@ def test_english_only_checkpoint_equals_hf_generate(checkpoint, tmp_path):
 @pytest.mark.slow
 def test_decode_graph_path_equals_eager_path(monkeypatch):
     """The decoder's decode-graph path (eager on a CPU, the same buffers and cross-attention
-    slots a captured graph reads) gives the eager path's ids, with language detection (its
-    [sot] step in a graph too),
+    slots a captured graph reads; the prompts' passes through the prefill graphs' buffers)
+    gives the eager path's ids, with language detection (its [sot] step in a graph too),
     windows of long audio, timestamp rules (half the streams) and 8 streams at once."""
     from omniwalk.engine.cuda_graphs import DecodeGraphs
+    from omniwalk.engine.prefill_graphs import PrefillGraphs
     from omniwalk.loading import load_model
     from omniwalk.models.whisper.executors import DecoderStep
 
@@ -393,6 +394,7 @@ def test_decode_graph_path_equals_eager_path(monkeypatch):
         if graphs:
             decoder.decode_graphs = DecodeGraphs(DecoderStep(decoder.model), decoder.cache, 8,
                                                  -(-loaded.max_model_len // args.page_size), decoder.cross)
+            decoder.prefill_graphs = PrefillGraphs(DecoderStep(decoder.model), decoder.decode_graphs)
             encoder = loaded.served.executors["encoder"]   # and the encoder's graphs' buffers (3 windows a pass)
             encoder.graphs, encoder.max_windows = EncoderGraphs(encoder.encoder, 3), 3
         with Engine(args, loaded=loaded) as engine:
@@ -402,6 +404,7 @@ def test_decode_graph_path_equals_eager_path(monkeypatch):
     assert sum(len(ids) for ids in outputs[True]) > 100
     assert len(replays) > 20 and max(map(len, replays)) > 1   # batched decode steps went through the graphs
     assert any(0 in positions for positions in replays)        # and language detection ([sot] at position 0)
+    assert decoder.prefill_graphs.replays > 0                  # windows' prompts through the prefill graphs
     assert encodes and max(encodes) > 1                 # so did batched windows
     # the shared executor's look-ahead step took decode steps (whether a step also samples
     # through the sampling graphs depends on which streams share it, so on arrival timing:

@@ -68,6 +68,7 @@ from omniwalk.engine.cross_attention import CrossAttention, CrossAttentionCache
 from omniwalk.engine.cuda_graphs import DecodeGraphs
 from omniwalk.engine.host_to_device import to_device
 from omniwalk.engine.kv_cache import PagedKVCache
+from omniwalk.engine.prefill_graphs import PrefillGraphs
 from omniwalk.engine.sampler import SamplingParams
 from omniwalk.engine.sampling_graphs import CandidateTable
 from omniwalk.models.whisper.alignment import alignment_weights, token_times
@@ -305,12 +306,14 @@ class DecoderExecutor(CausalLMExecutor):
 
     def __init__(self, model: WhisperForConditionalGeneration, cache: PagedKVCache, cross: CrossAttentionCache,
                  generation: WhisperGenerationConfig, max_batch_size: int = 256, max_cross_writes: int = 8,
-                 decode_graphs: DecodeGraphs | None = None):
+                 decode_graphs: DecodeGraphs | None = None, prefill_graphs: PrefillGraphs | None = None):
         if decode_graphs is not None and decode_graphs.slot_resource is not cross:
             raise ValueError("the decode graphs must read this executor's cross-attention cache")
         if cache.enable_prefix_caching:
             raise ValueError("prefix caching cannot be on for Whisper's decoder: its keys depend on the audio")
-        super().__init__(model, cache, max_batch_size, decode_graphs=decode_graphs)
+        if prefill_graphs is not None and prefill_graphs.slot_resource is not cross:
+            raise ValueError("the prefill graphs must read this executor's cross-attention cache")
+        super().__init__(model, cache, max_batch_size, decode_graphs=decode_graphs, prefill_graphs=prefill_graphs)
         self.cross = cross
         self.generation = generation
         self.max_cross_writes = max_cross_writes      # windows whose cross K/V are computed at once

@@ -111,7 +111,7 @@ def serve_whisper(ctx) -> WhisperTranscriptionModel:
     return WhisperTranscriptionModel(ctx.module, ctx.cache, ctx.slot_resource, ctx.source["generation"],
                                      ctx.source["features"], max_batch_size=ctx.args.max_num_seqs,
                                      max_encoder_windows=MAX_ENCODER_WINDOWS, decode_graphs=ctx.decode_graphs,
-                                     encoder_graphs=ctx.resources["encoder_graphs"])
+                                     prefill_graphs=ctx.prefill_graphs, encoder_graphs=ctx.resources["encoder_graphs"])
 
 
 WHISPER_LOADER = LoaderSpec(
@@ -124,7 +124,9 @@ WHISPER_LOADER = LoaderSpec(
     kv_layout=lambda config: (config.decoder_layers, config.decoder_attention_heads, config.decoder_head_dim),
     no_prefix_caching="a decoder's keys depend on its audio through cross-attention",
     decode_step=lambda ctx: DecoderStep(ctx.module),
-    prefill_graphs=False,
+    # a window's forced prompt (4 tokens, ~650 launches eagerly: 25-33 ms of host a window at
+    # c = 1 in the step probe at cb0225a) and a wave's mixed batches replay graphs
+    prefill_graphs=True,
     serve=serve_whisper,
     worker_executors={ENCODER.name: encoder_executor},
 )

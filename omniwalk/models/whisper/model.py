@@ -43,6 +43,7 @@ import torch
 from omniwalk.engine.cross_attention import CrossAttentionCache
 from omniwalk.engine.cuda_graphs import DecodeGraphs
 from omniwalk.engine.kv_cache import PagedKVCache
+from omniwalk.engine.prefill_graphs import PrefillGraphs
 from omniwalk.graph import (
     BudgetSpec, EndWalkIf, Keep, Loop, ModelGraph, Node, Sequential, StreamSpec, StreamView, ToClient, Walk,
     WalkCall,
@@ -124,7 +125,7 @@ class WhisperTranscriptionModel:
     def __init__(self, net: WhisperForConditionalGeneration, cache: PagedKVCache, cross: CrossAttentionCache,
                  generation: WhisperGenerationConfig, features: LogMelFeatures, *, max_batch_size: int = 256,
                  max_encoder_windows: int = 16, decode_graphs: DecodeGraphs | None = None,
-                 encoder_graphs: EncoderGraphs | None = None):
+                 prefill_graphs: PrefillGraphs | None = None, encoder_graphs: EncoderGraphs | None = None):
         self.net = net
         self.config = net.config
         self.cache = cache
@@ -134,7 +135,8 @@ class WhisperTranscriptionModel:
         self.graph = whisper_graph()
         self.executors = {
             ENCODER.name: EncoderExecutor(net.encoder, max_encoder_windows, max_batch_size, encoder_graphs),
-            DECODER.name: DecoderExecutor(net, cache, cross, generation, max_batch_size, decode_graphs=decode_graphs),
+            DECODER.name: DecoderExecutor(net, cache, cross, generation, max_batch_size, decode_graphs=decode_graphs,
+                                          prefill_graphs=prefill_graphs),
         }
 
     @property
