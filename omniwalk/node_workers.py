@@ -25,7 +25,8 @@ gets the runtime's per-stream calls forwarded too, in the order the runtime make
                              stream with nothing in between
     can_reserve              waits for the answer
     reserve, preempt, release  answer nothing: queued, and sent (in order, run first) with the
-                             next message that waits (`ToWorker.commands`)
+                             next message that waits (`ToWorker.commands`), or alone (`Flush`)
+                             once no request runs (`NodeExecutor.idle`)
 
 The worker keeps a stand-in of each stream begun at one of its nodes (`RemoteStream`: handle,
 request id, params: all an executor reads of a `StreamState`) until its release; a method the
@@ -60,6 +61,7 @@ import select
 import signal
 import subprocess
 import threading
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -185,6 +187,13 @@ class CanReserve:
 
 
 @dataclass(frozen=True, slots=True)
+class Flush:
+    """Nothing but the queued commands (the runtime went idle: `NodeExecutor.idle`); `Answered(None)`."""
+
+    node: str
+
+
+@dataclass(frozen=True, slots=True)
 class StreamCommand:
     """A per-stream call with nothing to answer (reserve, preempt, release): queued by the
     proxy and run in the worker, in order, before the next message that waits for an answer."""
@@ -203,7 +212,7 @@ class ToWorker:
     """What the engine process sends a worker: the commands queued since its last message,
     then the one call it waits for."""
 
-    request: RunBatch | BeginStream | AskStreams | CanReserve
+    request: RunBatch | BeginStream | AskStreams | CanReserve | Flush
     commands: tuple[StreamCommand, ...] = ()
 
 
@@ -345,7 +354,7 @@ class Worker:
         # (node, method) -> {handle: value} from one `AskStreams`, valid until the next message
         # or command (only those change the worker's state)
         self.asked: dict[tuple[str, str], dict[int, Any]] = {}
-        self.round_trips = 0   # messages answered (tests and docs count them)
+        self.round_trips: Counter[str] = Counter()   # messages answered, by kind (tests and docs count them)
 
     def describe(self) -> str:
         return f"worker group {self.group.name!r} ({self.link.where()})"
@@ -364,7 +373,7 @@ class Worker:
         self.commands.append(command)
         self.asked.clear()
 
-    def call(self, node: str, request: RunBatch | BeginStream | AskStreams | CanReserve) -> FromWorker:
+    def call(self, node: str, request: RunBatch | BeginStream | AskStreams | CanReserve | Flush) -> FromWorker:
         """The worker's answer to `request`, the queued commands run before it. Raises WorkerDied
         when the worker is gone or silent past `batch_timeout_s`, WorkerStateLost when a
         command raised there."""
@@ -379,7 +388,7 @@ class Worker:
                              f"{self.batch_timeout_s:g} s") from None
         except WorkerLost as exc:
             raise WorkerDied(f"{self.describe()} {exc}; it ran node {node!r}") from None
-        self.round_trips += 1
+        self.round_trips[type(request).__name__] += 1
         if isinstance(answer, CommandFailed):
             raise WorkerStateLost(f"{self.describe()}: {answer.error}")
         return answer
@@ -466,6 +475,10 @@ class RemoteExecutor(NodeExecutor):
     def release(self, stream) -> None:
         if "release" in self.forwards:
             self.worker.queue(StreamCommand(self.node, "release", stream.handle))
+
+    def idle(self) -> None:
+        if self.worker.commands:   # the worker frees what ended streams held, not at the next request
+            self.worker.call(self.node, Flush(self.node))
 
 
 class NodeWorkers:
@@ -661,7 +674,9 @@ class WorkerNodes:
         else:
             raise ValueError(f"{command.method!r} is no command")
 
-    def _ask(self, request: BeginStream | AskStreams | CanReserve) -> Any:
+    def _ask(self, request: BeginStream | AskStreams | CanReserve | Flush) -> Any:
+        if isinstance(request, Flush):
+            return None
         executor, streams = self.executors[request.node], self.streams[request.node]
         if isinstance(request, BeginStream):
             # kept before `begin` runs: a stream whose begin raised is still released
