@@ -6,6 +6,11 @@ for a model that speaks, a second one for the Talker:
     Qwen3OmniMoeForConditionalGeneration          thinker.X, talker.X, code2wav.X    (`Qwen3Omni`)
       with audio output off                       thinker.X -> X; talker.*, code2wav.* skipped
     Qwen3OmniMoeThinkerForConditionalGeneration   X                                  (`Thinker`)
+
+A placement may run `talker` and `code2wav` in a worker group (docs/placement.md): the
+worker builds them (`worker_talker`, `worker_code2wav`: the whole model, then the Thinker
+dropped but its token embeddings, which the Talker's text rows read), and the engine process
+drops them and allocates no Talker cache (`speech_resources`).
 """
 
 from __future__ import annotations
