@@ -421,6 +421,8 @@ class Worker:
             values = self.asked[node, method] = self.call(node, AskStreams(node, method)).value
         value = values.get(handle, _NOT_BEGUN)
         if value is _NOT_BEGUN:
+            if method == "holds_state":   # asked of every running stream (preemption): one that never
+                return False              # began at the node, or was released there, holds nothing there
             raise RuntimeError(f"node {node!r} in {self.describe()}: stream {handle} did not begin there")
         if isinstance(value, CallFailed):
             raise RuntimeError(f"node {node!r} in {self.describe()}: {value.error}")

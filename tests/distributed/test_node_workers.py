@@ -87,9 +87,12 @@ def test_a_stateful_node_in_a_worker_sees_the_calls_of_one_process():
     expected = tally_all(here)
     there = Tally(CAPACITY)
     worker = worker_on_a_thread(batch_timeout_s=30, executors={TALLY.name: there})
-    got = tally_all(RemoteExecutor(TALLY.name, worker))
+    proxy = RemoteExecutor(TALLY.name, worker)
+    got = tally_all(proxy)
     assert there.log == here.log
     assert not there.work and not there.held   # every stream released there
+    # preemption asks every running stream, also those of other nodes: they hold nothing here
+    assert proxy.holds_state(SimpleNamespace(handle=999)) is False
     assert ("preempt", 1) in here.log
     assert {r: out[:2] for r, out in got.items()} == {r: out[:2] for r, out in expected.items()}
     assert expected["bad"][1:] == ("error", "ValueError: cannot tally -1 units")
