@@ -12,11 +12,14 @@ import os
 import signal
 from pathlib import Path
 
+import numpy as np
 import pytest
 from pids import alive
 from split_speech import check_a_killed_worker_ends_its_requests
 
 from omniwalk.api import Engine
+from omniwalk.capabilities import Capability
+from omniwalk.capabilities.media import ImageInput
 from omniwalk.capabilities.text import GenerationRequest, SpeechOutput, collect_generation
 from omniwalk.engine.sampler import SamplingParams
 from omniwalk.loading import EngineArgs
@@ -32,13 +35,20 @@ def chat(engine: Engine, text: str) -> str:
                                                 add_generation_prompt=True)
 
 
+PICTURE = np.random.default_rng(0).integers(0, 256, (24, 32, 3), dtype=np.uint8)
+
+
 def requests(engine: Engine) -> list[GenerationRequest]:
-    """Greedy text and audio (10 frames: Code2Wav's first chunk of 4, then the rest), and a
-    sampled answer with a seed, in another voice."""
+    """Greedy text and audio (10 frames: Code2Wav's first chunk of 4, then the rest); a sampled
+    answer with a seed, in another voice; and speech about an image in the user turn (the
+    Talker's prompt reads the Thinker's hidden states at its rows: they cross as its input)."""
+    image = engine.frontend(Capability.TEXT).media_markers["image"]
     return [GenerationRequest(prompt=chat(engine, "Say hi"), max_tokens=6, ignore_eos=True, sampling=GREEDY,
                               speech=SpeechOutput("ethan", 10, GREEDY)),
             GenerationRequest(prompt=chat(engine, "Tell me more about it"), max_tokens=3, ignore_eos=True,
-                              sampling=SamplingParams(temperature=0.9, seed=4), speech=SpeechOutput("chelsie", 7))]
+                              sampling=SamplingParams(temperature=0.9, seed=4), speech=SpeechOutput("chelsie", 7)),
+            GenerationRequest(prompt=chat(engine, f"{image}What is this?"), media=(ImageInput(PICTURE, "image 0"),),
+                              max_tokens=2, ignore_eos=True, sampling=GREEDY, speech=SpeechOutput("aiden", 5, GREEDY))]
 
 
 def speak(engine: Engine) -> list:
@@ -78,7 +88,7 @@ def test_talker_and_code2wav_in_a_worker_give_the_ids_and_audio_of_one_process(p
     expected = one_process_speech()
     got = speak(placed)
     assert got == expected
-    assert [len(ids) for ids, *_ in got] == [6, 3] and all(audio for _, audio, *_ in got)
+    assert [len(ids) for ids, *_ in got] == [6, 3, 2] and all(audio for _, audio, *_ in got)
     # every frame of the budget, spoken: F frames are F * 96 - 32 samples of tiny-qwen3-omni's Code2Wav
     assert got[0][3].audio_frames == 10 and len(got[0][1]) == 2 * (10 * 96 - 32)
     assert placed.stats.node_batches["talker"] > 10 and placed.stats.node_batches["code2wav"] >= 2
