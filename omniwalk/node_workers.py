@@ -4,19 +4,37 @@
     engine process                                          worker (python -c WORKER_ENTRY FD)
     NodeWorkers.start: spawn ---sys.path, WorkerSetup--->   read_model (config, source: no backbone),
     load_model (the whole model, as before)                 its nodes' executors on its device
-    attach: wait <-------------WorkerReady(limits)-------    (LoaderSpec.worker_executors)
+    attach: wait <--WorkerReady(limits, per_stream)------    (LoaderSpec.worker_executors)
             executors[node] = RemoteExecutor
-    Runtime.step -> RemoteExecutor.run --RunBatch--------->  executor.run(calls)
+    Runtime.step -> RemoteExecutor.run --ToWorker(RunBatch)-->  WorkerNodes.answer: executor.run(calls)
                                      <--BatchDone | BatchFailed
+      (a stateful node: begin, ... --ToWorker(BeginStream, ...)-->  executor.begin(stand-in, inputs), ...
+                                     <--Answered | CallFailed)
     exits, or dies: end of file ----------------------->    exits
 
 The runtime is unchanged: it batches, schedules, preempts, aborts and retries a node placed
 elsewhere exactly as one here, since only the node's executor differs, and a proxy one. A
-batch crosses as `RunBatch`: each call's inputs and what a stateless executor reads of its
-stream (handle, request id, params: `RemoteCall`); its outputs come back as they are
-(Orpheus' PCM as one out-of-band buffer per forward, as to the API process). Only
-stateless nodes are placeable (`LoaderSpec.worker_executors`), so no `begin`, `reserve`
-or `release` needs to travel.
+batch crosses as `RunBatch`: each call's inputs and what an executor reads of its stream
+(handle, request id, params: `RemoteCall`); its outputs come back as they are (Orpheus' PCM
+as one out-of-band buffer per forward, as to the API process).
+
+A stateful node (its executor overrides any of PER_STREAM_METHODS: the Talker's KV cache)
+gets the runtime's per-stream calls forwarded too, in the order the runtime makes them:
+
+    begin                    waits for the answer (it may raise: that request fails, as here)
+    pending_work, holds_state  one round trip answers every stream begun at the node (`AskStreams`),
+                             kept until the next message: the runtime asks them stream after
+                             stream with nothing in between
+    can_reserve              waits for the answer
+    reserve, preempt, release  answer nothing: queued, and sent (in order, run first) with the
+                             next message that waits (`ToWorker.commands`), or alone (`Flush`)
+                             once no request runs (`NodeExecutor.idle`)
+
+The worker keeps a stand-in of each stream begun at one of its nodes (`RemoteStream`: handle,
+request id, params: all an executor reads of a `StreamState`) until its release; a method the
+executor does not override is answered here with NodeExecutor's default, and a stateless
+node forwards nothing but `run`. A round trip took about 100 us on the 2-core CI host
+(docs/placement.md, "Stateful nodes in a worker").
 
 Failure: a batch that raises in the worker comes back as `BatchFailed`, which the proxy
 raises as an Exception: the runtime retries the calls one by one and fails only the
@@ -24,11 +42,13 @@ request at fault, as in one process. A worker that dies (end of file on its sock
 raises `WorkerDied`, a BaseException like `CollectiveFailed`: no request is to blame and
 every later batch would fail too, so the engine loop ends with the reason and the API
 process ends every request in flight with it and answers 503. So does a worker silent on
-a batch past BATCH_TIMEOUT_S. Nothing waits on a dead or stuck worker. No restart.
+a batch past BATCH_TIMEOUT_S, and one where a queued command raised (`WorkerStateLost`: as a
+`reserve` or `release` raising in one process, it ends the loop). Nothing waits on a dead or
+stuck worker. No restart.
 
 How the engine process reaches a worker is a `WorkerLink`: `SocketLink` (a process of this
 host, the picture above) or, with `--ray-address`, `ray_workers.RayLink` (a Ray actor that
-runs `build` and `answer` as the process does; omniwalk/ray_workers.py). The proxy
+runs `build` and `WorkerNodes.answer` as the process does; omniwalk/ray_workers.py). The proxy
 (`Worker`, `RemoteExecutor`) and every message are the same for both.
 
 On GPUs this is written, not run: each worker loads on its group's device; the values
@@ -44,7 +64,8 @@ import select
 import signal
 import subprocess
 import threading
-from dataclasses import dataclass, replace
+from collections import Counter
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from omniwalk.ipc import Channel, ChannelClosed
@@ -75,6 +96,13 @@ class WorkerDied(BaseException):
     it ends the engine loop, whose requests all end with this reason."""
 
 
+class WorkerStateLost(BaseException):
+    """A queued per-stream command (reserve, preempt, release) raised in the worker: its node's
+    state no longer matches what the runtime believes. In one process that exception would
+    have left the runtime's step and ended the loop; so it does here (not an Exception, which
+    the runtime would take for the failure of the batch it happened to be sent with)."""
+
+
 # ----------------------------------------------------------------------------- messages
 
 
@@ -89,16 +117,32 @@ class WorkerSetup:
 @dataclass(frozen=True)
 class WorkerReady:
     """A worker built its nodes' executors: node -> (max_batch_size, chunkable), which the
-    engine process's proxies declare to the scheduler."""
+    engine process's proxies declare to the scheduler, and node -> the per-stream methods
+    its executor overrides (empty: stateless, only `run` crosses)."""
 
     pid: int
     limits: dict[str, tuple[int, bool]]
+    per_stream: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteStream:
+    """What an executor reads of a `StreamState` (handle, request id, params); in the worker
+    it stands in for the stream from its `begin` at a node to its `release` there."""
+
+    handle: int
+    request_id: str
+    params: StreamParams
+
+    def __reduce__(self):   # a tuple, not the slots dataclass's Python-level __getstate__
+        return RemoteStream, (self.handle, self.request_id, self.params)
 
 
 @dataclass(frozen=True, slots=True)
 class RemoteCall:
-    """One `NodeCall` as it crosses: its inputs and work units, and what a stateless executor
-    reads of its stream. In the worker it stands in for the stream (`NodeCall.stream`)."""
+    """One `NodeCall` as it crosses: its inputs and work units, and what an executor reads of
+    its stream. In the worker it stands in for the stream (`NodeCall.stream`) of a stateless
+    node; a stateful node's calls get the stream's `RemoteStream` from its `begin`."""
 
     handle: int
     request_id: str
@@ -119,6 +163,63 @@ class RunBatch:
 
 
 @dataclass(frozen=True, slots=True)
+class BeginStream:
+    """`begin(stream, inputs)` at a stateful node; answered `Answered(None)` or `CallFailed`."""
+
+    node: str
+    stream: RemoteStream
+    inputs: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class AskStreams:
+    """`method` (pending_work or holds_state) of every stream begun at `node` and not released:
+    answered `Answered({handle: value or a CallFailed})`."""
+
+    node: str
+    method: str
+
+
+@dataclass(frozen=True, slots=True)
+class CanReserve:
+    """`can_reserve(stream, num_tokens)`: answered `Answered(bool)` or `CallFailed`."""
+
+    node: str
+    handle: int
+    num_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Flush:
+    """Nothing but the queued commands (the runtime went idle: `NodeExecutor.idle`); `Answered(None)`."""
+
+    node: str
+
+
+@dataclass(frozen=True, slots=True)
+class StreamCommand:
+    """A per-stream call with nothing to answer (reserve, preempt, release): queued by the
+    proxy and run in the worker, in order, before the next message that waits for an answer."""
+
+    node: str
+    method: str
+    handle: int
+    num_tokens: int = 0
+
+    def __reduce__(self):
+        return StreamCommand, (self.node, self.method, self.handle, self.num_tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class ToWorker:
+    """What the engine process sends a worker: the commands queued since its last message,
+    then the one call it waits for."""
+
+    request: RunBatch | BeginStream | AskStreams | CanReserve | Flush
+    commands: tuple[StreamCommand, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class BatchDone:
     """A batch's outputs, one per call (None: part of the call's work done)."""
 
@@ -132,6 +233,30 @@ class BatchFailed:
     error: str
 
 
+@dataclass(frozen=True, slots=True)
+class Answered:
+    """A per-stream call's return value."""
+
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class CallFailed:
+    """A per-stream call raised in the worker: "ValueError: unknown voice"."""
+
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class CommandFailed:
+    """A queued command raised in the worker (`WorkerStateLost`); the call it came with did not run."""
+
+    error: str
+
+
+FromWorker = BatchDone | BatchFailed | Answered | CallFailed | CommandFailed
+
+
 # ----------------------------------------------------------------------------- the engine's side
 
 
@@ -142,7 +267,7 @@ class WorkerLost(Exception):
 class WorkerLink(Protocol):
     """How the engine process reaches one worker: a local process over a socket pair
     (`SocketLink`), or a Ray actor (`omniwalk.ray_workers.RayLink`). The worker's side of
-    both is `_build` then `answer`, one batch at a time."""
+    both is `_build` then `WorkerNodes.answer`, one message at a time."""
 
     pid: int | None   # on its host; None until known
 
@@ -152,8 +277,8 @@ class WorkerLink(Protocol):
     def ready(self) -> WorkerReady | StartFailed:
         """Its answer to its setup, waited for; raises WorkerLost."""
 
-    def exchange(self, batch: RunBatch, timeout_s: float) -> BatchDone | BatchFailed:
-        """The worker's answer to `batch`; raises WorkerLost, or TimeoutError past `timeout_s`."""
+    def exchange(self, message: ToWorker, timeout_s: float) -> FromWorker:
+        """The worker's answer to `message`; raises WorkerLost, or TimeoutError past `timeout_s`."""
 
     def close(self) -> None:
         """Tells the worker to exit (without waiting)."""
@@ -179,9 +304,9 @@ class SocketLink:
             raise WorkerLost(exit_reason(self.process))
         return message
 
-    def exchange(self, batch: RunBatch, timeout_s: float) -> BatchDone | BatchFailed:
+    def exchange(self, message: ToWorker, timeout_s: float) -> FromWorker:
         try:
-            self.channel.send(batch)
+            self.channel.send(message)
             if not select.select([self.channel.sock], [], [], timeout_s)[0]:
                 raise TimeoutError
             return self.channel.recv()
@@ -218,13 +343,21 @@ class LocalProcesses:
 
 
 class Worker:
-    """One worker group, seen from the engine process, however it is reached (`WorkerLink`)."""
+    """One worker group, seen from the engine process, however it is reached (`WorkerLink`).
+    One thread (the engine loop's) calls it: its queue of commands and its kept answers need
+    no lock."""
 
     def __init__(self, group: "WorkerGroup", link: WorkerLink, batch_timeout_s: float = BATCH_TIMEOUT_S):
         self.group = group
         self.link = link
         self.batch_timeout_s = batch_timeout_s
         self.limits: dict[str, tuple[int, bool]] = {}
+        self.per_stream: dict[str, tuple[str, ...]] = {}
+        self.commands: list[StreamCommand] = []   # sent with the next message, run there before it
+        # (node, method) -> {handle: value} from one `AskStreams`, valid until the next message
+        # or command (only those change the worker's state)
+        self.asked: dict[tuple[str, str], dict[int, Any]] = {}
+        self.round_trips: Counter[str] = Counter()   # messages answered, by kind (tests and docs count them)
 
     def describe(self) -> str:
         return f"worker group {self.group.name!r} ({self.link.where()})"
@@ -237,35 +370,120 @@ class Worker:
         if isinstance(message, StartFailed):
             raise RuntimeError(f"{self.describe()} could not load {', '.join(self.group.nodes)}: {message.error}")
         self.limits = message.limits
+        self.per_stream = message.per_stream
+
+    def queue(self, command: StreamCommand) -> None:
+        self.commands.append(command)
+        self.asked.clear()
+
+    def call(self, node: str, request: RunBatch | BeginStream | AskStreams | CanReserve | Flush) -> FromWorker:
+        """The worker's answer to `request`, the queued commands run before it. Raises WorkerDied
+        when the worker is gone or silent past `batch_timeout_s`, WorkerStateLost when a
+        command raised there."""
+        message = ToWorker(request, tuple(self.commands))
+        self.commands.clear()
+        self.asked.clear()
+        try:
+            answer = self.link.exchange(message, self.batch_timeout_s)
+        except TimeoutError:
+            what = "a batch" if isinstance(request, RunBatch) else "a call"
+            raise WorkerDied(f"{self.describe()} did not answer {what} of node {node!r} within "
+                             f"{self.batch_timeout_s:g} s") from None
+        except WorkerLost as exc:
+            raise WorkerDied(f"{self.describe()} {exc}; it ran node {node!r}") from None
+        self.round_trips[type(request).__name__] += 1
+        if isinstance(answer, CommandFailed):
+            raise WorkerStateLost(f"{self.describe()}: {answer.error}")
+        return answer
 
     def run(self, node: str, calls: list[NodeCall]) -> list[dict[str, Any] | None]:
         """The batch's outputs, computed in the worker. Raises RuntimeError when the batch
         raised there, WorkerDied when the worker is gone or silent past `batch_timeout_s`."""
         batch = RunBatch(node, tuple(RemoteCall(call.stream.handle, call.stream.request_id, call.stream.params,
                                                 call.inputs, call.num_tokens) for call in calls))
-        try:
-            answer = self.link.exchange(batch, self.batch_timeout_s)
-        except TimeoutError:
-            raise WorkerDied(f"{self.describe()} did not answer a batch of node {node!r} within "
-                             f"{self.batch_timeout_s:g} s") from None
-        except WorkerLost as exc:
-            raise WorkerDied(f"{self.describe()} {exc}; it ran node {node!r}") from None
+        answer = self.call(node, batch)
         if isinstance(answer, BatchFailed):
             raise RuntimeError(f"node {node!r} in {self.describe()}: {answer.error}")
         return answer.outputs
 
+    def ask(self, node: str, request: BeginStream | CanReserve) -> Any:
+        """A per-stream call's value; raises RuntimeError when it raised in the worker."""
+        answer = self.call(node, request)
+        if isinstance(answer, CallFailed):
+            raise RuntimeError(f"node {node!r} in {self.describe()}: {answer.error}")
+        return answer.value
+
+    def ask_stream(self, node: str, method: str, handle: int) -> Any:
+        """`method` (pending_work, holds_state) of one stream, from one round trip for all of
+        the node's streams (kept until the worker's state may change)."""
+        values = self.asked.get((node, method))
+        if values is None:
+            values = self.asked[node, method] = self.call(node, AskStreams(node, method)).value
+        value = values.get(handle, _NOT_BEGUN)
+        if value is _NOT_BEGUN:
+            if method == "holds_state":   # asked of every running stream (preemption): one that never
+                return False              # began at the node, or was released there, holds nothing there
+            raise RuntimeError(f"node {node!r} in {self.describe()}: stream {handle} did not begin there")
+        if isinstance(value, CallFailed):
+            raise RuntimeError(f"node {node!r} in {self.describe()}: {value.error}")
+        return value
+
+
+_NOT_BEGUN = object()
+
 
 class RemoteExecutor(NodeExecutor):
     """A node that runs in a worker process: the runtime's executor for it in the engine
-    process. Stateless (as every placeable node): only `run` crosses."""
+    process. `run` crosses; so do, for a stateful node, the per-stream methods its executor
+    overrides there (and `begin` and `release`, which keep its stand-in of the stream): the
+    others are NodeExecutor's defaults, as they would be there."""
 
     def __init__(self, node: str, worker: Worker):
         self.node = node
         self.worker = worker
         self.max_batch_size, self.chunkable = worker.limits[node]
+        overridden = frozenset(worker.per_stream.get(node, ()))
+        self.stateful = bool(overridden)
+        self.forwards = overridden | {"begin", "release"} if self.stateful else frozenset()
 
     def run(self, calls: list[NodeCall]) -> list[dict[str, Any] | None]:
         return self.worker.run(self.node, calls)
+
+    def begin(self, stream, inputs) -> None:
+        if "begin" in self.forwards:
+            self.worker.ask(self.node, BeginStream(
+                self.node, RemoteStream(stream.handle, stream.request_id, stream.params), inputs))
+
+    def pending_work(self, stream) -> int:
+        if "pending_work" not in self.forwards:
+            return 1
+        return self.worker.ask_stream(self.node, "pending_work", stream.handle)
+
+    def can_reserve(self, stream, num_tokens: int) -> bool:
+        if "can_reserve" not in self.forwards:
+            return True
+        return self.worker.ask(self.node, CanReserve(self.node, stream.handle, num_tokens))
+
+    def reserve(self, stream, num_tokens: int) -> None:
+        if "reserve" in self.forwards:
+            self.worker.queue(StreamCommand(self.node, "reserve", stream.handle, num_tokens))
+
+    def holds_state(self, stream) -> bool:
+        if "holds_state" not in self.forwards:
+            return False
+        return self.worker.ask_stream(self.node, "holds_state", stream.handle)
+
+    def preempt(self, stream) -> None:
+        if "preempt" in self.forwards:
+            self.worker.queue(StreamCommand(self.node, "preempt", stream.handle))
+
+    def release(self, stream) -> None:
+        if "release" in self.forwards:
+            self.worker.queue(StreamCommand(self.node, "release", stream.handle))
+
+    def idle(self) -> None:
+        if self.worker.commands:   # the worker frees what ended streams held, not at the next request
+            self.worker.call(self.node, Flush(self.node))
 
 
 class NodeWorkers:
@@ -361,7 +579,8 @@ def worker_log_format(group: "WorkerGroup") -> str:
 
 def ready(executors: dict[str, NodeExecutor]) -> WorkerReady:
     return WorkerReady(os.getpid(), {node: (executor.max_batch_size, executor.chunkable)
-                                     for node, executor in executors.items()})
+                                     for node, executor in executors.items()},
+                       {node: per_stream_methods(executor) for node, executor in executors.items()})
 
 
 def build(worker: WorkerSetup) -> dict[str, NodeExecutor]:
@@ -386,47 +605,105 @@ def _build(worker: WorkerSetup) -> dict[str, NodeExecutor]:
 
         torch.cuda.set_device(device)
     ctx = read_model(replace(args, device=device, tensor_parallel_size=1, placement=None, ray_address=None))
-    executors = {node: ctx.family.loader.worker_executors[node](ctx) for node in group.nodes}
-    for node, executor in executors.items():
-        check_stateless(node, executor)
-    return executors
+    return {node: ctx.family.loader.worker_executors[node](ctx) for node in group.nodes}
 
 
-#: what a proxy does not forward: an executor that overrides any of them keeps per-stream
-#: state (a decoder's KV cache) and cannot run apart yet
+#: the runtime's per-stream calls: an executor that overrides any of them keeps per-stream
+#: state (a decoder's KV cache), and its proxy forwards them (`RemoteExecutor`)
 PER_STREAM_METHODS = ("begin", "pending_work", "can_reserve", "reserve", "holds_state", "preempt", "release")
+#: those that answer nothing: queued by the proxy, sent with its next message
+COMMANDS = frozenset({"reserve", "preempt", "release"})
 
 
-def check_stateless(node: str, executor: NodeExecutor) -> None:
-    overridden = [name for name in PER_STREAM_METHODS
-                  if getattr(type(executor), name) is not getattr(NodeExecutor, name)]
-    if overridden:
-        raise ValueError(f"node {node!r}: {type(executor).__name__} keeps per-stream state "
-                         f"({', '.join(overridden)}): only `run` crosses to a worker process")
+def per_stream_methods(executor: NodeExecutor) -> tuple[str, ...]:
+    """The per-stream methods `executor` overrides (empty: a stateless executor)."""
+    return tuple(name for name in PER_STREAM_METHODS
+                 if getattr(type(executor), name) is not getattr(NodeExecutor, name))
 
 
 def _serve(channel: Channel, executors: dict[str, NodeExecutor]) -> None:
-    """Batches in, outputs out, one at a time, until the engine process's socket closes."""
+    """Messages in, answers out, one at a time, until the engine process's socket closes."""
+    nodes = WorkerNodes(executors)
     while True:
         try:
-            batch: RunBatch = channel.recv()
+            message: ToWorker = channel.recv()
         except ChannelClosed:
             return
-        response = answer(executors, batch)
+        response = nodes.answer(message)
         try:
             channel.send(response)
         except ChannelClosed:
             return
         except Exception as exc:   # outputs that do not pickle: the batch fails, not the worker
-            logger.exception("node %s: could not send a batch's outputs", batch.node)
-            channel.send(BatchFailed(f"outputs not sendable: {type(exc).__name__}: {exc}"))
+            logger.exception("node %s: could not send an answer", message.request.node)
+            failed = f"answer not sendable: {type(exc).__name__}: {exc}"
+            channel.send(BatchFailed(failed) if isinstance(message.request, RunBatch) else CallFailed(failed))
 
 
-def answer(executors: dict[str, NodeExecutor], batch: RunBatch) -> BatchDone | BatchFailed:
-    """One batch run by this worker's executor of its node."""
-    calls = [NodeCall(call, call.inputs, call.num_tokens) for call in batch.calls]
-    try:
-        return BatchDone(executors[batch.node].run(calls))
-    except Exception as exc:   # the request at fault is found by the runtime's retries
-        logger.exception("node %s: a batch of %d calls failed", batch.node, len(calls))
-        return BatchFailed(f"{type(exc).__name__}: {exc}")
+class WorkerNodes:
+    """A worker's side of its nodes: their executors, and a stand-in (`RemoteStream`) of each
+    stream begun at a stateful one, kept until its release there."""
+
+    def __init__(self, executors: dict[str, NodeExecutor]):
+        self.executors = executors
+        self.streams: dict[str, dict[int, RemoteStream]] = {node: {} for node in executors}
+
+    def answer(self, message: ToWorker) -> FromWorker:
+        """The queued commands, in order, then the message's call."""
+        for command in message.commands:
+            try:
+                self._command(command)
+            except Exception as exc:
+                logger.exception("node %s: %s of stream %d failed", command.node, command.method, command.handle)
+                return CommandFailed(f"{command.method} of a stream at node {command.node!r} raised "
+                                     f"{type(exc).__name__}: {exc}")
+        request = message.request
+        if isinstance(request, RunBatch):
+            return self._run(request)
+        try:
+            return Answered(self._ask(request))
+        except Exception as exc:   # the runtime fails the request at fault (begin), or its step (a query)
+            logger.debug("node %s: %s raised", request.node, type(request).__name__, exc_info=True)
+            return CallFailed(f"{type(exc).__name__}: {exc}")
+
+    def _command(self, command: StreamCommand) -> None:
+        executor, streams = self.executors[command.node], self.streams[command.node]
+        if command.method == "release":
+            stream = streams.pop(command.handle, None)
+            if stream is not None:   # None: it never began here
+                executor.release(stream)
+            return
+        stream = streams[command.handle]
+        if command.method in COMMANDS:
+            getattr(executor, command.method)(stream, *((command.num_tokens,) if command.method == "reserve" else ()))
+        else:
+            raise ValueError(f"{command.method!r} is no command")
+
+    def _ask(self, request: BeginStream | AskStreams | CanReserve | Flush) -> Any:
+        if isinstance(request, Flush):
+            return None
+        executor, streams = self.executors[request.node], self.streams[request.node]
+        if isinstance(request, BeginStream):
+            # kept before `begin` runs: a stream whose begin raised is still released
+            streams[request.stream.handle] = request.stream
+            return executor.begin(request.stream, request.inputs)
+        if isinstance(request, CanReserve):
+            return executor.can_reserve(streams[request.handle], request.num_tokens)
+        if request.method not in ("pending_work", "holds_state"):
+            raise ValueError(f"{request.method!r} is not asked of every stream")
+        method, values = getattr(executor, request.method), {}
+        for handle, stream in streams.items():
+            try:
+                values[handle] = method(stream)
+            except Exception as exc:   # raised here only if the runtime asks for this stream
+                values[handle] = CallFailed(f"{type(exc).__name__}: {exc}")
+        return values
+
+    def _run(self, batch: RunBatch) -> BatchDone | BatchFailed:
+        streams = self.streams[batch.node]
+        calls = [NodeCall(streams.get(call.handle, call), call.inputs, call.num_tokens) for call in batch.calls]
+        try:
+            return BatchDone(self.executors[batch.node].run(calls))
+        except Exception as exc:   # the request at fault is found by the runtime's retries
+            logger.exception("node %s: a batch of %d calls failed", batch.node, len(calls))
+            return BatchFailed(f"{type(exc).__name__}: {exc}")

@@ -7,7 +7,7 @@ gets (omniwalk/node_workers.py), as actor calls instead of over a socket.
     RayCluster: ray.init(ADDRESS) (a driver of the cluster)
     start: GroupActor.options(num_gpus | num_cpus).remote(WorkerSetup) -> build (node_workers._build)
     RayLink.ready:    ray.get(actor.ready())  <--------------- WorkerReady | StartFailed
-    RayLink.exchange: ray.get(actor.run(RunBatch)) <---------- answer(): BatchDone | BatchFailed
+    RayLink.exchange: ray.get(actor.run(ToWorker)) <---------- WorkerNodes.answer(): BatchDone | ...
     stop: ray.kill(actor); ray.shutdown()
 
 The only module that imports Ray, and imported only with `--ray-address` (Ray is the
@@ -40,8 +40,8 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskErro
 from omniwalk.logs import configure_logging
 from omniwalk.messages import EngineSetup, StartFailed
 from omniwalk.node_workers import (
-    BatchDone, BatchFailed, RunBatch, WorkerLost, WorkerReady, WorkerSetup, answer, build, ready,
-    worker_log_format,
+    BatchFailed, CallFailed, FromWorker, RunBatch, ToWorker, WorkerLost, WorkerNodes, WorkerReady, WorkerSetup,
+    build, ready, worker_log_format,
 )
 
 if TYPE_CHECKING:
@@ -116,15 +116,16 @@ class RayLink:
             self.pid = message.pid
         return message
 
-    def exchange(self, batch: RunBatch, timeout_s: float) -> BatchDone | BatchFailed:
+    def exchange(self, message: ToWorker, timeout_s: float) -> FromWorker:
         try:
-            return ray.get(self.actor.run.remote(batch), timeout=timeout_s)
+            return ray.get(self.actor.run.remote(message), timeout=timeout_s)
         except GetTimeoutError:
             raise TimeoutError from None
         except RayActorError as exc:
             raise WorkerLost(_died(exc)) from None
         except RayTaskError as exc:   # not the executor (`answer` catches it): e.g. outputs Ray cannot serialize
-            return BatchFailed(f"{type(exc).__name__}: {_first_line(exc)}")
+            failed = f"{type(exc).__name__}: {_first_line(exc)}"
+            return BatchFailed(failed) if isinstance(message.request, RunBatch) else CallFailed(failed)
         except RayError as exc:   # its results lost with their host: the worker is as good as gone
             raise WorkerLost(_died(exc)) from None
 
@@ -167,7 +168,7 @@ def _shown(resources: dict[str, float]) -> str:
 
 @ray.remote(max_concurrency=1)
 class GroupActor:
-    """A worker group's worker in a Ray actor: node_workers' `build` and `answer`, on one
+    """A worker group's worker in a Ray actor: node_workers' `build` and `WorkerNodes.answer`, on one
     thread of its own (torch's CPU ops ran up to 4x slower on a process's main thread on
     the CPU host, and a CUDA device set at build is current on that thread only)."""
 
@@ -176,9 +177,10 @@ class GroupActor:
         self.thread = ThreadPoolExecutor(1, thread_name_prefix="omniwalk-worker")
         if worker.group.gpus:   # Ray made the GPUs it gave us visible as cuda:0..
             worker = replace(worker, group=replace(worker.group, devices=("cuda:0",)))
-        self.executors, self.failed = {}, None
+        self.executors, self.failed, self.nodes = {}, None, WorkerNodes({})
         try:
             self.executors = self.thread.submit(build, worker).result()
+            self.nodes = WorkerNodes(self.executors)
         except BaseException as exc:
             self.failed = StartFailed(f"{type(exc).__name__}: {exc}")
         from omniwalk.engine_loop import quiet_gc
@@ -188,5 +190,5 @@ class GroupActor:
     def ready(self) -> tuple[WorkerReady | StartFailed, str]:
         return self.failed or ready(self.executors), ray.util.get_node_ip_address()
 
-    def run(self, batch: RunBatch) -> BatchDone | BatchFailed:
-        return self.thread.submit(answer, self.executors, batch).result()
+    def run(self, message: ToWorker) -> FromWorker:
+        return self.thread.submit(self.nodes.answer, message).result()

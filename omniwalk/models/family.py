@@ -63,7 +63,7 @@ class LoaderSpec:
     #: nodes that may run in a worker process of their own (a placement's other group,
     #: omniwalk/node_workers.py), each with how that process builds the node's executor
     #: from `read_model`'s context alone (config, source, device; the rest of the model
-    #: is not loaded there); executors without per-stream state only (`check_stateless`)
+    #: is not loaded there); a stateful executor's per-stream calls cross too (`RemoteExecutor`)
     worker_executors: Mapping[str, Callable[["LoadContext"], "NodeExecutor"]] = field(default_factory=dict)
 
 

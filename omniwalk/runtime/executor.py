@@ -60,6 +60,11 @@ class NodeExecutor:
     def release(self, stream: "StreamState") -> None:
         """The stream ended (finished, aborted or failed): free everything it holds."""
 
+    def idle(self) -> None:
+        """No request is running (called after each step that leaves none): nothing is asked
+        of the executor until one arrives. A proxy to another process sends what it queued
+        (omniwalk/node_workers.py), so that process frees what the ended streams held."""
+
 
 class FunctionExecutor(NodeExecutor):
     """A node run by a Python function per call: `fn(state, inputs) -> outputs`.

@@ -151,6 +151,9 @@ class Runtime:
                 if calls:
                     self._run_batch(node_name, calls)
         self._advance_dirty()
+        if not self.running:
+            for executor in self.executors.values():
+                executor.idle()
         outputs, self.outputs = list(self.outputs.values()), {}
         return outputs
 

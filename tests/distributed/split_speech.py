@@ -62,13 +62,19 @@ def check_the_bytes_of_one_process(placed: Engine) -> None:
     assert placed.stats.node_batches["snac_decoder"] > before   # the runtime batched it as before
 
 
-def check_a_killed_worker_ends_its_requests(placed: Engine, kill: Callable[[], None], reason: str) -> None:
-    """`kill` ends the worker mid-request: the request ends within 5 s with an error naming the
-    group and `reason`, /health answers 503 with it, and a new request is refused."""
+#: Orpheus' request that the worker's death interrupts: longer than the test takes
+KILLED_MID_WAY = SpeechRequest("Killed mid-way", max_output_tokens=3000, ignore_eos=True, seed=2)
+
+
+def check_a_killed_worker_ends_its_requests(placed: Engine, kill: Callable[[], None], reason: str,
+                                            group: str = "codec", request=KILLED_MID_WAY) -> None:
+    """`kill` ends the worker of `group` while `request` runs: the request ends within 5 s with
+    an error naming the group and `reason`, /health answers 503 with it, and a new request is
+    refused."""
     app = build_app(placed)
     with TestClient(app) as http:
         assert http.get("/health").status_code == 200
-        stream = placed.submit(SpeechRequest("Killed mid-way", max_output_tokens=3000, ignore_eos=True, seed=2))
+        stream = placed.submit(request)
         started, ended = threading.Event(), []
 
         def drain() -> None:
@@ -84,9 +90,9 @@ def check_a_killed_worker_ends_its_requests(placed: Engine, kill: Callable[[], N
         assert not reader.is_alive(), "the request did not end within 5 s of the worker's death"
         last = ended[0]
         assert last.finished and last.finish_reason == "error"
-        assert "worker group 'codec'" in last.error and reason in last.error
+        assert f"worker group '{group}'" in last.error and reason in last.error
         health = http.get("/health")
         assert health.status_code == 503 and health.json()["status"] == "dead"
         assert reason in health.json()["error"]
         with pytest.raises(RuntimeError, match=reason):
-            placed.submit(REQUESTS[0])
+            placed.submit(request)

@@ -22,7 +22,7 @@ from inverse_node import check_a_raising_batch_fails_only_its_request, check_the
 from pids import alive
 from split_speech import check_a_killed_worker_ends_its_requests, check_the_bytes_of_one_process, split_engine
 
-from omniwalk.node_workers import Worker, answer, ready
+from omniwalk.node_workers import Worker, WorkerNodes, ready
 from omniwalk.placement import WorkerGroup
 from omniwalk.runtime import FunctionExecutor
 
@@ -81,12 +81,13 @@ class InverseActor:
 
     def __init__(self):
         self.executors = {"inverse": FunctionExecutor(reciprocal)}
+        self.nodes = WorkerNodes(self.executors)
 
     def ready(self):
         return ready(self.executors), "127.0.0.1"
 
-    def run(self, batch):
-        return answer(self.executors, batch)
+    def run(self, message):
+        return self.nodes.answer(message)
 
 
 def test_a_ray_actor_fails_a_raising_batch_alone_and_a_silent_or_killed_one_ends_the_step(cluster):

@@ -6,6 +6,11 @@ for a model that speaks, a second one for the Talker:
     Qwen3OmniMoeForConditionalGeneration          thinker.X, talker.X, code2wav.X    (`Qwen3Omni`)
       with audio output off                       thinker.X -> X; talker.*, code2wav.* skipped
     Qwen3OmniMoeThinkerForConditionalGeneration   X                                  (`Thinker`)
+
+A placement may run `talker` and `code2wav` in a worker group (docs/placement.md): the
+worker builds them (`worker_talker`, `worker_code2wav`: the whole model, then the Thinker
+dropped but its token embeddings, which the Talker's text rows read), and the engine process
+drops them and allocates no Talker cache (`speech_resources`).
 """
 
 from __future__ import annotations
@@ -15,13 +20,14 @@ import json
 
 import torch
 
-from omniwalk.loading import read_model_source
+from omniwalk.loading import build_module, quantize_backbone, read_model_source
 from omniwalk.models.family import LoaderSpec, decoder_kv_layout
 from omniwalk.models.qwen3_omni.media import AudioSettings, ImageSettings
 from omniwalk.engine.kv_cache import KVCacheShape, PagedKVCache
 from omniwalk.models.qwen3_omni.config import ThinkerConfig
-from omniwalk.models.qwen3_omni.model import SpeechParts, ThinkerModel
+from omniwalk.models.qwen3_omni.model import CODE2WAV, TALKER, SpeechParts, ThinkerModel
 from omniwalk.models.qwen3_omni.omni import Qwen3Omni
+from omniwalk.models.qwen3_omni.speech_executors import Code2WavExecutor, TalkerExecutor
 from omniwalk.models.qwen3_omni.thinker import Thinker
 
 THINKER_PREFIX = "thinker."
@@ -67,10 +73,32 @@ def thinker_of(ctx) -> Thinker:
 TALKER_TOKENS_PER_SEQUENCE = 2048
 
 
+def placed_apart(ctx) -> frozenset[str]:
+    """The speaking nodes a placement runs in a worker group: the engine process keeps no
+    executor, module or cache of theirs."""
+    placement = ctx.args.placement
+    return frozenset() if placement is None else frozenset({TALKER.name, CODE2WAV.name} & placement.worker_nodes)
+
+
+def speech_resources(ctx) -> None:
+    """The Talker's KV cache where the Talker runs in this process; the speaking modules a
+    worker group runs instead are dropped here (their weights were needed only to draw the
+    Thinker's random weights as a whole model's, the same as the worker's)."""
+    if ctx.config.speech is None:
+        return
+    apart = placed_apart(ctx)
+    if TALKER.name in apart:
+        ctx.module.talker = None
+    if CODE2WAV.name in apart:
+        ctx.module.code2wav = None
+    if apart and ctx.device.type == "cuda":
+        torch.cuda.empty_cache()   # their memory goes back to the KV caches' budget
+    if TALKER.name not in apart:
+        allocate_talker_cache(ctx)
+
+
 def allocate_talker_cache(ctx) -> None:
     speech = ctx.config.speech
-    if speech is None:
-        return
     args, text = ctx.args, speech.talker.text
     tokens = args.kv_cache_tokens or (args.max_num_seqs * TALKER_TOKENS_PER_SEQUENCE if ctx.device.type == "cuda"
                                       else 65536)
@@ -78,13 +106,64 @@ def allocate_talker_cache(ctx) -> None:
     ctx.resources["talker_cache"] = PagedKVCache(shape, ctx.dtype, ctx.device)
 
 
+def talker_executor(ctx, talker, thinker_embeddings) -> TalkerExecutor:
+    """Node `talker` over the Talker's KV cache (allocated first); `thinker_embeddings`: the
+    Thinker's token embeddings, which the Talker's text rows read (the engine's own table in
+    one process, a copy of it in a worker group)."""
+    if "talker_cache" not in ctx.resources:
+        allocate_talker_cache(ctx)
+    return TalkerExecutor(talker, thinker_embeddings, ctx.resources["talker_cache"], ctx.args.max_num_seqs,
+                          graphs=not ctx.args.enforce_eager)
+
+
 def serve_thinker(ctx) -> ThinkerModel:
     speech = None
     if isinstance(ctx.module, Qwen3Omni):
-        speech = SpeechParts(ctx.module.talker, ctx.module.code2wav, ctx.resources["talker_cache"],
-                             graphs=not ctx.args.enforce_eager)
+        apart, executors = placed_apart(ctx), {}
+        if TALKER.name not in apart:
+            executors[TALKER.name] = talker_executor(ctx, ctx.module.talker, thinker_of(ctx).model.embed_tokens)
+        if CODE2WAV.name not in apart:
+            executors[CODE2WAV.name] = Code2WavExecutor(ctx.module.code2wav)
+        speech = SpeechParts(ctx.config.speech, executors)
     return ThinkerModel(thinker_of(ctx), ctx.cache, max_batch_size=ctx.args.max_num_seqs,
                         decode_graphs=ctx.decode_graphs, prefill_graphs=ctx.prefill_graphs, speech=speech)
+
+
+# ----------------------------------------------------------------- a worker group's speaking nodes
+
+
+def speaking_module(ctx) -> Qwen3Omni:
+    """The model a worker group's `talker` and `code2wav` run from, built once for both: the
+    whole model, as the engine process builds it (random weights are drawn over all of it, so
+    the Talker's and Code2Wav's equal the engine's), then the Thinker dropped but its token
+    embeddings (the Talker's text rows read them: a read-only table, copied rather than
+    shared across processes)."""
+    module = ctx.resources.get("speaking_module")
+    if module is not None:
+        return module
+    if ctx.config.speech is None:
+        raise ValueError(f"{ctx.args.model} has no Talker: its config does not speak")
+    spec = ctx.family.loader
+    ctx.module = build_module(lambda: build(ctx.config), ctx.device, ctx.dtype, ctx.random_weights, ctx.args.seed,
+                              ctx.folder, rename=lambda name: spec.rename(ctx.config, name))
+    audible_random_codec(ctx)
+    quantize_backbone(ctx.args, ctx.module)   # what the engine process does to the whole module
+    module, embeddings = ctx.module, ctx.module.thinker.model.embed_tokens
+    module.thinker = None
+    module.thinker_embeddings = embeddings
+    ctx.resources["speaking_module"] = module
+    return module
+
+
+def worker_talker(ctx) -> TalkerExecutor:
+    """Node `talker` in a worker group (`LoaderSpec.worker_executors`)."""
+    module = speaking_module(ctx)
+    return talker_executor(ctx, module.talker, module.thinker_embeddings)
+
+
+def worker_code2wav(ctx) -> Code2WavExecutor:
+    """Node `code2wav` in a worker group (`LoaderSpec.worker_executors`)."""
+    return Code2WavExecutor(speaking_module(ctx).code2wav)
 
 
 @torch.no_grad()
@@ -111,7 +190,8 @@ THINKER_LOADER = LoaderSpec(
     rename=checkpoint_name,
     after_weights=audible_random_codec,
     kv_layout=lambda config: decoder_kv_layout(config.text),
-    resources=allocate_talker_cache,
+    resources=speech_resources,
     decode_step=thinker_of,
     serve=serve_thinker,
+    worker_executors={TALKER.name: worker_talker, CODE2WAV.name: worker_code2wav},
 )

@@ -45,6 +45,7 @@ its rows, and the Talker's (t, h, w) positions when the user turns hold images.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -60,16 +61,16 @@ from omniwalk.models.qwen3_omni.executors import (
     AudioEncoderExecutor, ImagePatches, MediaHidden, MediaSpan, ThinkerExecutor, ThinkerPrompt, VisionEncoderExecutor,
 )
 from omniwalk.models.qwen3_omni.positions import PromptPositions
-from omniwalk.models.qwen3_omni.code2wav import Code2Wav, exact_left_context
-from omniwalk.models.qwen3_omni.speech_executors import (
-    Code2WavExecutor, TalkerExecutor, TalkerStart, TextEnd, TextMore,
-)
-from omniwalk.models.qwen3_omni.talker import Talker
+from omniwalk.models.qwen3_omni.code2wav import exact_left_context
+from omniwalk.models.qwen3_omni.code2wav_config import Code2WavConfig
+from omniwalk.models.qwen3_omni.config import SpeechConfig
+from omniwalk.models.qwen3_omni.speech_executors import TalkerStart, TextEnd, TextMore
 from omniwalk.models.qwen3_omni.talker_config import TalkerConfig
 from omniwalk.models.qwen3_omni.talker_prompt import (
     media_positions, talker_positions, talker_prompt, user_turn_positions,
 )
 from omniwalk.models.qwen3_omni.thinker import Thinker
+from omniwalk.runtime.executor import NodeExecutor
 
 TEXT_STREAM = "text"
 TALKER_STREAM = "talker"
@@ -224,17 +225,17 @@ CODE2WAV_CHUNK_FRAMES = 32
 
 @dataclass(frozen=True)
 class SpeechParts:
-    """What a model that speaks adds to the Thinker: the Talker, Code2Wav, the Talker's KV cache;
-    `graphs`: the Talker's steps through CUDA graphs (False: --enforce-eager)."""
+    """What a model that speaks adds to the Thinker: the Talker's and Code2Wav's configs (the
+    plan and the audio stream's chunks read them), and the executors of those of the two nodes
+    that run in this process. A placement may run them in a worker group
+    (`LoaderSpec.worker_executors`): their proxies are added later (`NodeWorkers.attach`)."""
 
-    talker: Talker
-    code2wav: Code2Wav
-    talker_cache: PagedKVCache
-    graphs: bool = True
+    config: SpeechConfig
+    executors: Mapping[str, NodeExecutor]
 
 
-def code2wav_chunks(code2wav: Code2Wav) -> LeftContext:
-    return LeftContext(CODE2WAV_CHUNK_FRAMES, exact_left_context(code2wav.config), first_size=CODE2WAV_FIRST_FRAMES,
+def code2wav_chunks(config: Code2WavConfig) -> LeftContext:
+    return LeftContext(CODE2WAV_CHUNK_FRAMES, exact_left_context(config), first_size=CODE2WAV_FIRST_FRAMES,
                        grow=True)
 
 
@@ -256,19 +257,17 @@ class ThinkerModel:
             THINKER.name: ThinkerExecutor(thinker, cache, max_batch_size, decode_graphs,
                                            prefill_graphs=prefill_graphs,
                                            hidden_layer=None if speech is None else
-                                           speech.talker.config.accept_hidden_layer),
+                                           speech.config.talker.accept_hidden_layer),
         }
         if speech is None:
             self.graph = thinker_graph()
             return
-        self.graph = thinker_graph(speaks=True, code2wav_chunks=code2wav_chunks(speech.code2wav))
-        self.executors[TALKER.name] = TalkerExecutor(speech.talker, thinker.model.embed_tokens, speech.talker_cache,
-                                                     max_batch_size, graphs=speech.graphs)
-        self.executors[CODE2WAV.name] = Code2WavExecutor(speech.code2wav)
+        self.graph = thinker_graph(speaks=True, code2wav_chunks=code2wav_chunks(speech.config.code2wav))
+        self.executors.update(speech.executors)
 
     def plan(self, view: StreamView) -> WalkCall | None:
         if view.name == TALKER_STREAM:
-            return talker_plan(view, self.speech.talker.config)
+            return talker_plan(view, self.speech.config.talker)
         if view.name == AUDIO_STREAM:
             return audio_plan(view)
         return thinker_plan(view)
