@@ -1,6 +1,6 @@
-"""A placement on CUDA (run on the device machine with `-m gpu`; not run yet): Orpheus'
-SNAC in a worker process of its own on the last GPU (the only one on a one-GPU machine),
-its PCM, copied to the host in the worker, equal to one process's up to 1 LSB."""
+"""A placement on CUDA (run on the device machine with `-m gpu`; passed on one H200 at
+31f317b, both groups on its one GPU): Orpheus' SNAC in a worker process of its own on the
+last GPU, its PCM, copied to the host in the worker, equal to one process's up to 1 LSB."""
 
 import numpy as np
 import pytest
