@@ -8,8 +8,8 @@
 #   parts: inproc inproc-proc http http-asc4 (default: all)
 # Expected: ~5 minutes on an H200 (four in-process engines and two servers: ~30 s to start
 # each; the runs ~2 minutes together); http-asc4 alone ~1.5 minutes. HF on the same prompts:
-# benchmarks/hf_baseline.sh. Over HTTP at c = 32 / 128 the load generator runs as 4
-# processes (--client-processes 4): one Python process reading ~30,000 SSE events/s may set
+# benchmarks/hf_baseline.sh. Over HTTP at c = 32 / 128 the load generator runs as 8
+# processes (--client-processes 8): one Python process reading ~30,000 SSE events/s may set
 # the figures itself (the JSON's load_generator.cpu_fraction says how busy each was).
 set -euo pipefail
 source benchmarks/setup_device.sh
@@ -24,7 +24,8 @@ MODEL=(benchmarks/qwen3-0.6b --load-format dummy --max-model-len 1024 --max-num-
        --max-num-batched-tokens 8192)
 WORKLOAD=(--tokenizer tiny-qwen3 --input-len 128 --output-len 256 --ignore-eos --seed 0)
 
-CLIENT=(--client-processes 4)
+# 8 load generator processes: with 4 the busiest ran at 0.94 CPU s per wall s at c = 128 (b4094d1)
+CLIENT=(--client-processes 8)
 
 # in-process, the loop on a thread of the bench's process (the default of omniwalk.Engine)
 if part inproc; then
