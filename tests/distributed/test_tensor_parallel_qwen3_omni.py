@@ -2,13 +2,15 @@
 language model split (attention by heads, experts by their intermediate dimension, the
 vocabulary), its encoders, the Talker and Code2Wav whole on every rank. Two ranks through
 `Engine` give the text ids of one device (text, audio and image prompts) and a spoken answer's
-ids and audio bytes; the sizes it refuses. One engine per mode for the module; the layers
+ids and audio bytes, and transformers' greedy ids on a checkpoint it saved (loaded by name,
+each rank keeping its slice); the sizes it refuses. One engine per mode for the module; the layers
 themselves: tp_layer_rank.py (test_tensor_parallel.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from omni_speech import ARGS, GREEDY, chat, speak
 from pids import alive
 
@@ -125,3 +127,53 @@ def test_sizes_that_do_not_split_are_refused():
     with pytest.raises(ValueError, match=r"tensor parallel size 3 does not divide the Thinker's num_heads \(4\), "
                                          r"num_kv_heads \(2\), moe_intermediate_size \(32\): each rank must hold"):
         Engine(EngineArgs(MODEL, engine_process=True, tensor_parallel_size=3))   # before any process starts
+
+
+@pytest.fixture(scope="module")
+def hf_thinker(tmp_path_factory):
+    """A tiny random Qwen3OmniMoeThinkerForConditionalGeneration written with save_pretrained
+    (one tensor per expert and projection; a dense layer among the sparse ones); norms and
+    router perturbed and the experts' weights scaled up, so that every expert and norm
+    matters and greedy ids vary."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Qwen3OmniMoeThinkerConfig(
+        audio_config=dict(num_mel_bins=16, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=32,
+                          d_model=16, output_dim=32, n_window=50, n_window_infer=200, downsample_hidden_size=8,
+                          max_source_positions=100, conv_chunksize=50),
+        vision_config=dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, patch_size=4,
+                           spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=32,
+                           num_position_embeddings=16, deepstack_visual_indexes=[0]),
+        text_config=dict(vocab_size=300, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, moe_intermediate_size=16,
+                         num_experts=4, num_experts_per_tok=2, mlp_only_layers=[1], max_position_embeddings=512,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1],
+                                          "mrope_interleaved": True}),
+        audio_token_id=290, image_token_id=291, video_token_id=292, audio_start_token_id=293,
+        vision_start_token_id=294, audio_end_token_id=295, vision_end_token_id=296)
+    torch.manual_seed(0)
+    model = transformers.Qwen3OmniMoeThinkerForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name or "gate.weight" in name:
+                param.add_(torch.randn_like(param) * 0.3)
+            elif ".mlp.experts." in name:   # the experts' rows large enough to decide the ids
+                param.mul_(10.0)
+    folder = tmp_path_factory.mktemp("qwen3-omni-thinker-tp")
+    model.save_pretrained(folder)
+    return folder, model
+
+
+def test_two_ranks_give_transformers_greedy_ids_on_its_checkpoint(hf_thinker, monkeypatch):
+    folder, model = hf_thinker
+    prompt = [5, 17, 42, 9, 100, 7, 250, 31]
+    with torch.no_grad():
+        out = model.generate(input_ids=torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                             max_new_tokens=12, do_sample=False)
+    expected = out[0, len(prompt):].tolist()
+    monkeypatch.setenv(CHECK_OUTPUTS_ENV, "1")
+    with Engine(EngineArgs(str(folder), engine_process=True, tensor_parallel_size=2, device="cpu", dtype="float32",
+                           max_model_len=512)) as engine:
+        got = collect_generation(engine.submit(GenerationRequest(prompt_token_ids=prompt, max_tokens=12,
+                                                                 sampling=GREEDY)))
+    assert got.token_ids == expected
+    assert len(expected) == 12 and len(set(expected)) > 3   # not one id repeated
