@@ -9,9 +9,10 @@ and the collectives are no-ops, so a single-device model is exactly what it was.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
@@ -64,6 +65,20 @@ def set_tensor_parallel_group(group: TensorParallelGroup) -> TensorParallelGroup
     global _GROUP
     previous, _GROUP = _GROUP, group
     return previous
+
+
+@contextmanager
+def replicated() -> Iterator[None]:
+    """Modules built inside are whole on every rank (rank 0 of 1 while they are built), as
+    if there were one device: the parts of a model that tensor parallelism does not split
+    (Qwen3-Omni's Talker, its code predictor, Code2Wav). The parallel layers remember at
+    construction how many ways they are split, so such a module calls no collective when
+    it runs, whatever the process's group is then."""
+    previous = set_tensor_parallel_group(TensorParallelGroup())
+    try:
+        yield
+    finally:
+        set_tensor_parallel_group(previous)
 
 
 def init_tensor_parallel(rank: int, size: int, port: int, device_type: str,

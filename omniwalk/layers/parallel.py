@@ -9,8 +9,10 @@ ranks' partial results are combined by one collective.
                             A_log, dt_bias, conv channels) as a shard of the full tensor
 
 Which slice is this process's comes from `omniwalk.engine.tensor_parallel` when the layer
-is built. With one rank each class is its plain torch parent (same parameters, same
-forward, no collective, no extra attributes): a single-device model does not change.
+is built, and the layer keeps how many ways it was split (`split_ways`): one built inside
+`tensor_parallel.replicated()` is whole and calls no collective on any rank. With one rank
+each class is its plain torch parent (same parameters, same forward, no collective):
+a single-device model does not change.
 
 A sharded parameter carries what loading needs (`omniwalk.models.loader`):
 `weight_loader(param, tensor, rows=None)` takes the checkpoint's full tensor (or, for a
@@ -46,8 +48,10 @@ def check_decoder_split(config: DecoderConfig, size: int) -> None:
                          f"hold an equal share of the heads, KV heads, MLP rows and vocabulary")
 
 
-def _mark_sharded(param: nn.Parameter, full_shape: Sequence[int], shard_of_full: Callable,
-                  weight_loader: Callable) -> None:
+def mark_sharded(param: nn.Parameter, full_shape: Sequence[int], shard_of_full: Callable,
+                 weight_loader: Callable) -> None:
+    """Gives a parameter built with this rank's slice what loading and the seeded random
+    init need: its unsharded shape, full tensor -> this rank's slice, and its loader."""
     param.full_shape = torch.Size(full_shape)
     param.shard_of_full = shard_of_full
     param.weight_loader = weight_loader
@@ -60,7 +64,8 @@ def _check_full(param: nn.Parameter, tensor: torch.Tensor) -> None:
 
 
 @torch.no_grad()
-def _load_whole(param: nn.Parameter, tensor: torch.Tensor, rows: tuple[int, int] | None = None) -> None:
+def load_whole(param: nn.Parameter, tensor: torch.Tensor, rows: tuple[int, int] | None = None) -> None:
+    """A `weight_loader` that takes the checkpoint's full tensor and keeps `shard_of_full` of it."""
     if rows is not None:
         raise ValueError("only a column-parallel projection loads packed parts")
     _check_full(param, tensor)
@@ -82,7 +87,7 @@ class ColumnParallelLinear(Linear):
         super().__init__(in_features, sum(self.local_sizes), bias=bias)
         if tp.size > 1:
             for param in self.parameters():
-                _mark_sharded(param, (sum(self.output_sizes), *param.shape[1:]), self.shard_of_full, self._load)
+                mark_sharded(param, (sum(self.output_sizes), *param.shape[1:]), self.shard_of_full, self._load)
 
     def shard_of_full(self, full: torch.Tensor) -> torch.Tensor:
         """This rank's rows of the full (packed) weight or bias."""
@@ -131,28 +136,40 @@ def shard_rows(param: nn.Parameter, part_sizes: Sequence[int]) -> None:
         parts = full.split(part_sizes, dim=0)
         return torch.cat([part[slice(*tensor_parallel_group().shard(part.shape[0]))] for part in parts], dim=0)
 
-    _mark_sharded(param, (sum(part_sizes), *param.shape[1:]), shard_of_full, _load_whole)
+    mark_sharded(param, (sum(part_sizes), *param.shape[1:]), shard_of_full, load_whole)
 
 
 class RowParallelLinear(Linear):
     """A projection whose input features are split over the ranks (its input is a
     column-parallel layer's local output): each rank's partial product is summed by one
-    all-reduce, then the (unsplit) bias is added once."""
+    all-reduce, then the (unsplit) bias is added once.
+
+    `reduce_output = False` (set by a block that sums several such outputs, as a MoE block
+    its shared expert's with its routed experts'): the partial product is returned as it
+    is, for the block's one all-reduce."""
+
+    split_ways = 1          # how many ranks this layer was built split over (tensor_parallel.replicated: 1)
+    reduce_output = True
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
         tp = tensor_parallel_group()
         self.in_start, self.in_end = tp.shard(in_features, "input features")
         super().__init__(self.in_end - self.in_start, out_features, bias=bias)
         if tp.size > 1:
-            _mark_sharded(self.weight, (out_features, in_features), self.shard_of_full, _load_whole)
+            self.split_ways = tp.size
+            mark_sharded(self.weight, (out_features, in_features), self.shard_of_full, load_whole)
 
     def shard_of_full(self, full: torch.Tensor) -> torch.Tensor:
         return full[:, self.in_start : self.in_end]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if tensor_parallel_group().size == 1:
+        if self.split_ways == 1:
             return super().forward(x)
         partial = gemv(x, self.weight, None) if gemv_applies(x, self.weight) else F.linear(x, self.weight)
+        if not self.reduce_output:
+            if self.bias is not None:   # the sum over ranks must hold it once: not this layer's to add
+                raise ValueError("a row-parallel projection with a bias must reduce its own output")
+            return partial
         out = all_reduce(partial)
         return out if self.bias is None else out + self.bias
 
@@ -161,18 +178,21 @@ class VocabParallelEmbedding(nn.Embedding):
     """Token embeddings whose vocabulary rows are split over the ranks: each rank looks up
     the ids it holds, zeros for the others, and an all-reduce sums the rows."""
 
+    split_ways = 1          # how many ranks this layer was built split over
+
     def __init__(self, num_embeddings: int, embedding_dim: int):
         tp = tensor_parallel_group()
         self.vocab_start, self.vocab_end = tp.shard(num_embeddings, "vocabulary")
         super().__init__(self.vocab_end - self.vocab_start, embedding_dim)
         if tp.size > 1:
-            _mark_sharded(self.weight, (num_embeddings, embedding_dim), self.shard_of_full, _load_whole)
+            self.split_ways = tp.size
+            mark_sharded(self.weight, (num_embeddings, embedding_dim), self.shard_of_full, load_whole)
 
     def shard_of_full(self, full: torch.Tensor) -> torch.Tensor:
         return full[self.vocab_start : self.vocab_end]
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        if tensor_parallel_group().size == 1:
+        if self.split_ways == 1:
             return super().forward(ids)
         outside = (ids < self.vocab_start) | (ids >= self.vocab_end)
         rows = F.embedding((ids - self.vocab_start).masked_fill(outside, 0), self.weight)
@@ -184,15 +204,19 @@ class ParallelLMHead(nn.Linear):
     `VocabParallelEmbedding`): each rank computes its slice of the logits and an all-gather
     puts the full logits on every rank, so every rank samples the same ids."""
 
+    split_ways = 1          # how many ranks this layer was built split over
+
     def __init__(self, hidden_size: int, vocab_size: int):
         tp = tensor_parallel_group()
         self.vocab_start, self.vocab_end = tp.shard(vocab_size, "vocabulary")
         super().__init__(hidden_size, self.vocab_end - self.vocab_start, bias=False)
         if tp.size > 1:
-            _mark_sharded(self.weight, (vocab_size, hidden_size), self.shard_of_full, _load_whole)
+            self.split_ways = tp.size
+            mark_sharded(self.weight, (vocab_size, hidden_size), self.shard_of_full, load_whole)
 
     def shard_of_full(self, full: torch.Tensor) -> torch.Tensor:
         return full[self.vocab_start : self.vocab_end]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return all_gather_last_dim(super().forward(x))
+        logits = super().forward(x)
+        return logits if self.split_ways == 1 else all_gather_last_dim(logits)

@@ -19,7 +19,9 @@ A module that stacks the weights of E experts (Mixture-of-Experts) declares
 `expert_projections = {"gate_proj": ("gate_up_proj", start, end), ...}`: the checkpoint's
 `<module>.<e>.gate_proj.weight` then fills `<module>.gate_up_proj[e, start:end]`. Every
 expert's every projection must be there; a stacked `<module>.gate_up_proj` of the full
-shape loads as it is.
+shape loads as it is. A stacked parameter split over tensor-parallel ranks carries an
+`expert_loader(param, e, (start, end), tensor)` that keeps its slice of expert e's tensor
+(start, end: rows of the unsharded expert).
 """
 
 from __future__ import annotations
@@ -171,6 +173,13 @@ def _expert_shards(modules: dict[str, nn.Module], params: dict[str, nn.Parameter
 
 @torch.no_grad()
 def _load_expert_rows(name: str, param: nn.Parameter, index: int, start: int, end: int, tensor: torch.Tensor) -> None:
+    expert_loader = getattr(param, "expert_loader", None)   # a tensor-parallel shard keeps its slice
+    if expert_loader is not None:
+        try:
+            expert_loader(param, index, (start, end), tensor)
+        except ValueError as exc:
+            raise ValueError(f"{name}: {exc}") from None
+        return
     expert = param[index]
     if tensor.shape[0] != end - start or tensor.shape[1:] != expert.shape[1:]:
         raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} does not fit rows [{start}, {end}) "

@@ -85,7 +85,7 @@ def test_sizes_that_do_not_split_are_refused():
 
 def test_families_without_tensor_parallel_are_refused():
     with pytest.raises(ValueError, match=r"orpheus models run on one device only \(tensor parallel: "
-                                         r"llama, qwen3, qwen3_5\)"):
+                                         r"llama, qwen3, qwen3-omni, qwen3_5\)"):
         Engine(EngineArgs("tiny-orpheus", engine_process=True, tensor_parallel_size=2))
 
 

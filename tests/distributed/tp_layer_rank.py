@@ -2,7 +2,8 @@
 joined to the others over gloo): `python tp_layer_rank.py RANK SIZE PORT`. Each sharded
 layer, loaded from full tensors, must compute what the unsharded torch op computes; the
 seeded random init and a checkpoint in Hugging Face's layout must give every rank its
-slice of the one-device weights. Exits 0
+slice of the one-device weights; the MoE blocks split by the experts' intermediate dimension
+compute what the whole block computes, on every backend. Exits 0
 when all hold, else prints what differs and exits 1."""
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 from omniwalk.engine.tensor_parallel import (
-    TensorParallelGroup, init_tensor_parallel, set_tensor_parallel_group, tensor_parallel_group,
+    TensorParallelGroup, init_tensor_parallel, replicated, set_tensor_parallel_group, tensor_parallel_group,
 )
+from omniwalk.layers.moe import SharedExpertMoeBlock, SparseMoeBlock
 from omniwalk.layers.parallel import ColumnParallelLinear, ParallelLMHead, RowParallelLinear, VocabParallelEmbedding
 from omniwalk.models.decoder_lm import CausalLM
 from omniwalk.models.decoder_lm.config import llama_tiny_config, qwen3_tiny_config
@@ -49,6 +51,61 @@ def hf_layout(model: CausalLM) -> dict[str, torch.Tensor]:
         elif not (model.config.tie_word_embeddings and name == "lm_head.weight"):
             tensors[name] = tensor.clone()
     return tensors
+
+
+def check_moe_split(generator: torch.Generator) -> None:
+    """The MoE blocks split by the experts' intermediate dimension (the router whole, a shared
+    expert split by rows; one all-reduce) against the same block built whole, on every
+    backend; per-expert checkpoint tensors and the seeded random init give each rank its slice."""
+    for shared in (False, True):
+        def block():
+            return (SharedExpertMoeBlock(32, 16, 4, 2, True, shared_expert_intermediate_size=24) if shared
+                    else SparseMoeBlock(32, 16, 4, 2, True))
+        what = "shared-expert MoE" if shared else "sparse MoE"
+        sharded = block()
+        with replicated():
+            whole = block()
+        # weights of std 0.3: outputs of order 1, so a tolerance of 1e-5 tells a missing part
+        full = {name: 0.3 * torch.randn(param.shape, generator=generator) for name, param in whole.named_parameters()}
+        whole.load_state_dict(full)
+        for name, param in sharded.named_parameters():
+            loader = getattr(param, "weight_loader", None)
+            loader(param, full[name]) if loader is not None else param.data.copy_(full[name])   # stacked: whole tensors
+        if sharded.experts.gate_up_proj.shape != (4, 2 * 16 // tensor_parallel_group().size, 32):
+            failures.append(f"{what}: gate_up_proj of shape {tuple(sharded.experts.gate_up_proj.shape)}")
+        x = torch.randn(7, 32, generator=generator)
+        for backend in ("torch", "grouped_mm", "triton"):   # triton: in Triton's CPU interpreter
+            sharded.backend = whole.backend = backend
+            with torch.no_grad():
+                got, expected = sharded(x), whole(x)
+            if expected.abs().max() < 0.1:
+                failures.append(f"{what}: outputs too small to compare ({expected.abs().max():.3g})")
+            check(f"{what}, {backend} backend", got, expected)
+        # a checkpoint with one tensor per expert and projection, as Hugging Face stores them
+        experts, intermediate = full["experts.gate_up_proj"], 16
+        tensors = {name: tensor for name, tensor in full.items() if not name.startswith("experts.")}
+        for e in range(4):
+            tensors[f"experts.{e}.gate_proj.weight"] = experts[e, :intermediate].clone()
+            tensors[f"experts.{e}.up_proj.weight"] = experts[e, intermediate:].clone()
+            tensors[f"experts.{e}.down_proj.weight"] = full["experts.down_proj"][e].clone()
+        if shared:   # the shared expert's gate and up rows apart, too
+            packed = tensors.pop("shared_expert.gate_up_proj.weight")
+            tensors["shared_expert.gate_proj.weight"], tensors["shared_expert.up_proj.weight"] = packed.chunk(2)
+        with tempfile.TemporaryDirectory() as folder:
+            save_file(tensors, f"{folder}/model.safetensors")
+            loaded = block()
+            load_checkpoint_weights(loaded, folder)
+        for (name, param), reference in zip(loaded.named_parameters(), sharded.parameters()):
+            check(f"{what}: checkpoint load of {name}", param.data, reference.data, exact=True)
+        # seeded random init: this rank's slice of the whole block's weights, bit for bit
+        init_random_weights(sharded, seed=3)
+        init_random_weights(whole, seed=3)
+        whole_params = dict(whole.named_parameters())
+        for name, param in sharded.named_parameters():
+            shard = getattr(param, "shard_of_full", None)
+            full_param = whole_params[name].data
+            check(f"{what}: random init of {name}", param.data, full_param if shard is None else shard(full_param),
+                  exact=True)
 
 
 def main(rank: int, size: int, port: int) -> int:
@@ -125,6 +182,7 @@ def main(rank: int, size: int, port: int) -> int:
             shard = getattr(param, "shard_of_full", None)
             check(f"checkpoint load of {name}", param.data,
                   full[name].data if shard is None else shard(full[name].data), exact=True)
+    check_moe_split(g)
     for failure in failures:
         print(f"rank {rank}: {failure}", file=sys.stderr)
     return 1 if failures else 0

@@ -149,6 +149,6 @@ class CausalLM(nn.Module):
         ids = self.logit_ids
         if len(ids) == self.config.vocab_size:
             return self.lm_head(hidden).float()
-        if tensor_parallel_group().size > 1:   # the head's rows are split by vocabulary: not narrowed yet
+        if self.lm_head.split_ways > 1:   # the head's rows are split by vocabulary: not narrowed yet
             raise NotImplementedError("narrowed logit ids under tensor parallelism")
         return F.linear(hidden, self.lm_head.weight[ids.start : ids.stop]).float()

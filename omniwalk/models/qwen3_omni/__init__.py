@@ -25,12 +25,15 @@ the Talker, its code predictor and Code2Wav (the answer spoken, 24 kHz).
 from __future__ import annotations
 
 from omniwalk.models.family import ModelFamily
-from omniwalk.models.qwen3_omni.config import ThinkerConfig, thinker_config_from_hf, tiny_config
+from omniwalk.models.qwen3_omni.config import (
+    ThinkerConfig, check_tensor_parallel_split, thinker_config_from_hf, tiny_config,
+)
 from omniwalk.models.qwen3_omni.frontend import thinker_frontends, thinker_warmup
 from omniwalk.models.qwen3_omni.loading import THINKER_LOADER
 from omniwalk.models.qwen3_omni.model import thinker_nodes
 
 FAMILY = ModelFamily("qwen3-omni", ("qwen3_omni_moe", "qwen3_omni_moe_thinker"), thinker_config_from_hf, tiny_config,
-                     THINKER_LOADER, frontends=thinker_frontends, warmup=thinker_warmup, nodes=thinker_nodes)
+                     THINKER_LOADER, frontends=thinker_frontends, warmup=thinker_warmup, nodes=thinker_nodes,
+                     tensor_parallel=check_tensor_parallel_split)
 
 __all__ = ["FAMILY", "ThinkerConfig"]

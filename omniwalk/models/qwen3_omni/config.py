@@ -107,6 +107,26 @@ class ThinkerConfig:
         return self.text.eos_token_ids
 
 
+def check_tensor_parallel_split(config: ThinkerConfig, size: int) -> None:
+    """`ModelFamily.tensor_parallel`: raises ValueError naming every size of the Thinker's
+    language model that `size` ranks cannot split evenly (heads, KV heads: not replicated
+    yet, the experts' intermediate size, the dense MLP's where a layer has one, vocabulary).
+    The encoders, Talker and Code2Wav are whole on every rank: nothing of theirs must divide."""
+    if size == 1:
+        return
+    text = config.text
+    sizes = {"num_heads": text.num_heads, "num_kv_heads": text.num_kv_heads}
+    if config.num_experts > 0:
+        sizes["moe_intermediate_size"] = config.moe_intermediate_size
+    if not all(config.is_sparse(layer) for layer in range(text.num_layers)):
+        sizes["intermediate_size"] = text.intermediate_size
+    sizes["vocab_size"] = text.vocab_size
+    uneven = [f"{name} ({value})" for name, value in sizes.items() if value % size]
+    if uneven:
+        raise ValueError(f"tensor parallel size {size} does not divide the Thinker's {', '.join(uneven)}: each rank "
+                         f"must hold an equal share of its heads, KV heads, experts' and MLP rows and vocabulary")
+
+
 def thinker_config_from_hf(hf: dict[str, Any]) -> ThinkerConfig:
     """ThinkerConfig from a `qwen3_omni_moe` (full) or `qwen3_omni_moe_thinker` config.json dict."""
     thinker = hf.get("thinker_config", hf)

@@ -12,6 +12,11 @@ this is plain RoPE, so decode steps (text only) pass one position per token, shi
 the sequence's rope offset (omniwalk.models.qwen3_omni.positions), and the decode CUDA
 graphs need nothing else. A prefill chunk that holds media passes a `ChunkMedia`.
 
+Tensor parallel (`check_tensor_parallel_split`): the language model splits as decoder_lm's
+does (attention by heads, the dense MLP by rows, embedding and LM head by vocabulary) and
+its experts by their intermediate dimension (`layers/moe.py`); the encoders are whole on
+every rank.
+
 Parameter names equal the Hugging Face ones of `Qwen3OmniMoeThinkerForConditionalGeneration`
 (`model.layers.0.mlp.experts...`, `audio_tower.*`, `visual.*`, `lm_head.weight`).
 """
@@ -24,9 +29,11 @@ import torch
 from torch import nn
 
 from omniwalk.engine.attention import PagedAttention
+from omniwalk.engine.tensor_parallel import replicated
 from omniwalk.kernels.fused_moe import ExpertRows, summed
 from omniwalk.layers.moe import SparseMoeBlock
 from omniwalk.layers.norm import RMSNorm
+from omniwalk.layers.parallel import ParallelLMHead, VocabParallelEmbedding
 from omniwalk.layers.rotary import RotaryEmbedding
 from omniwalk.models.decoder_lm.modeling import DecoderLayer
 from omniwalk.models.qwen3_omni.audio_encoder import AudioEncoder
@@ -72,7 +79,7 @@ class ThinkerTextModel(nn.Module):
     def __init__(self, config: ThinkerConfig):
         super().__init__()
         text = config.text
-        self.embed_tokens = nn.Embedding(text.vocab_size, text.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(text.vocab_size, text.hidden_size)
         self.layers = nn.ModuleList(
             DecoderLayer(text, i, SparseMoeBlock(text.hidden_size, config.moe_intermediate_size, config.num_experts,
                                                  config.num_experts_per_tok, config.norm_topk_prob,
@@ -127,9 +134,10 @@ class Thinker(nn.Module):
         super().__init__()
         self.config = config
         self.model = ThinkerTextModel(config)
-        self.lm_head = nn.Linear(config.text.hidden_size, config.text.vocab_size, bias=False)
-        self.audio_tower = AudioEncoder(config.audio)
-        self.visual = VisionEncoder(config.vision)
+        self.lm_head = ParallelLMHead(config.text.hidden_size, config.text.vocab_size)   # full logits on every rank
+        with replicated():   # the encoders run whole on every rank (the same rows on each)
+            self.audio_tower = AudioEncoder(config.audio)
+            self.visual = VisionEncoder(config.vision)
         self.logit_ids = range(config.text.vocab_size)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: PagedAttention,
