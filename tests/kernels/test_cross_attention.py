@@ -36,16 +36,22 @@ def test_cross_attention_decode_kernel_matches_sdpa(monkeypatch, dtype):
     torch.testing.assert_close(got, expected, **tolerance)
 
 
+def filled_cache(gen, shape, handles) -> CrossAttentionCache:
+    """A float32 pool of random keys/values with a slot allocated to each handle."""
+    cache = CrossAttentionCache(shape, torch.float32, "cpu")
+    cache.keys.copy_(torch.randn(cache.keys.shape, generator=gen))
+    cache.values.copy_(torch.randn(cache.values.shape, generator=gen))
+    for handle in handles:
+        cache.allocate(handle)
+    return cache
+
+
 def test_ragged_prefill_reads_each_tokens_slot_in_place(monkeypatch):
     """A batch mixing decode rows with new prompts (query lengths 1, 3, 2): on CUDA every
     token is a row of the decode kernel naming its stream's slot; the same as one SDPA per stream."""
     gen = torch.Generator().manual_seed(6)
-    cache = CrossAttentionCache(CrossAttentionShape(num_layers=2, num_slots=4, source_len=90, num_heads=2,
-                                                    head_dim=16), torch.float32, "cpu")
-    cache.keys.copy_(torch.randn(cache.keys.shape, generator=gen))
-    cache.values.copy_(torch.randn(cache.values.shape, generator=gen))
-    for handle in (20, 21, 22):
-        cache.allocate(handle)
+    cache = filled_cache(gen, CrossAttentionShape(num_layers=2, num_slots=4, source_len=90, num_heads=2, head_dim=16),
+                         handles=(20, 21, 22))
     handles, query_lens = [22, 20, 21], [1, 3, 2]
     query = torch.randn(6, 2, 16, generator=gen)
     expected = CrossAttention(cache, handles, query_lens).forward(1, query, 0.25)
@@ -61,12 +67,8 @@ def test_prefill_graph_view_gathers_each_tokens_slot_from_the_layout(monkeypatch
     from omniwalk.engine.ragged import RaggedLengths
 
     gen = torch.Generator().manual_seed(8)
-    cache = CrossAttentionCache(CrossAttentionShape(num_layers=1, num_slots=5, source_len=70, num_heads=2,
-                                                    head_dim=16), torch.float32, "cpu")
-    cache.keys.copy_(torch.randn(cache.keys.shape, generator=gen))
-    cache.values.copy_(torch.randn(cache.values.shape, generator=gen))
-    for handle in (30, 31, 32):
-        cache.allocate(handle)
+    cache = filled_cache(gen, CrossAttentionShape(num_layers=1, num_slots=5, source_len=70, num_heads=2, head_dim=16),
+                         handles=(30, 31, 32))
     handles, lengths = [32, 30, 31], [4, 1, 3]          # the last: a padding sequence on handle 31's slot
     query = torch.randn(8, 2, 16, generator=gen)
     expected = CrossAttention(cache, handles, lengths).forward(0, query, 0.25)
