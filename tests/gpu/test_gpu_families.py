@@ -164,6 +164,8 @@ def test_whisper_greedy_ids_cuda_equal_cpu():
         # the shared decoder executor's look-ahead step and sampling graphs took decode steps
         assert decoder.lookahead_used > 0 and decoder.sampling_graphs.steps_sampled > 0
         assert decoder.sampling_graphs.graphs and all(decoder.sampling_graphs.graphs.values())
+        # and each window's forced prompt replayed a prefill graph (its cross-attention's slots gathered in it)
+        assert decoder.prefill_graphs is not None and decoder.prefill_graphs.replays > 0
         return ids
 
     assert run_on("cuda", "tiny-whisper", listen_with_graphs) == run_on("cpu", "tiny-whisper", listen)
