@@ -38,7 +38,8 @@ def talker_config(model) -> TalkerConfig:
     return TalkerConfig.from_hf(model.config.to_dict())
 
 
-def hf_speak(model, prompt, eos: int, max_new_tokens: int = 8, talker_tokens: int = 12):
+def hf_speak(model, prompt, eos: int, max_new_tokens: int = 8, talker_tokens: int = 12,
+             repetition_penalty: float = 1.0):
     """transformers' generate: (answer ids, wav, what it handed its Talker)."""
     captured = {}
     talker_generate = model.talker.generate
@@ -51,7 +52,8 @@ def hf_speak(model, prompt, eos: int, max_new_tokens: int = 8, talker_tokens: in
     try:
         sequences, wav = model.generate(input_ids=torch.tensor([prompt]), thinker_max_new_tokens=max_new_tokens,
                                         thinker_eos_token_id=eos, talker_max_new_tokens=talker_tokens,
-                                        talker_do_sample=False, talker_repetition_penalty=1.0, speaker="Ethan")
+                                        talker_do_sample=False, talker_repetition_penalty=repetition_penalty,
+                                        speaker="Ethan")
     finally:
         model.talker.generate = talker_generate
     return sequences[0, len(prompt):].tolist(), wav, captured
@@ -134,6 +136,31 @@ def test_speech_equals_transformers(hf_spoken, speaking_engine):
     expected = wav.reshape(-1).numpy()
     assert ours.shape == expected.shape and expected.size > 0
     assert np.abs(ours - expected).max() < 2e-4
+
+
+@pytest.mark.filterwarnings("ignore:Passing `repetition_penalty` with `inputs_embeds`")   # as ours: new codes only
+def test_speech_with_a_repetition_penalty_equals_transformers(hf_model, hf_spoken, speaking_engine):
+    """The Talker's repetition penalty (greedy, 1.3: the first codes it already chose pushed
+    down) as transformers' generate applies it (`talker_repetition_penalty`): the same audio,
+    and not the audio without it."""
+    from omniwalk.capabilities.text import GenerationRequest, SpeechOutput, collect_generation
+    from omniwalk.engine.sampler import SamplingParams
+
+    answer, plain, _ = hf_spoken
+    eos = answer[-1]
+    _, wav, _ = hf_speak(hf_model, PROMPT, eos=eos, talker_tokens=40, repetition_penalty=1.3)
+    greedy = SamplingParams(temperature=0.0)
+    penalized = SamplingParams(temperature=0.0, repetition_penalty=1.3)
+    request = GenerationRequest(prompt_token_ids=PROMPT, max_tokens=8, stop_token_ids=[eos], sampling=greedy,
+                                speech=SpeechOutput("Ethan", 39, sampling=penalized))
+    result = collect_generation(speaking_engine.submit(request))
+    assert result.token_ids == answer
+    ours = np.frombuffer(result.audio, "<i2").astype(np.float32) / 32767
+    expected = wav.reshape(-1).numpy()
+    assert ours.shape == expected.shape and expected.size > 0
+    assert np.abs(ours - expected).max() < 2e-4
+    without = plain.reshape(-1).numpy()
+    assert expected.shape != without.shape or np.abs(expected - without).max() > 1e-2   # the penalty mattered
 
 
 def samples(frames: int) -> int:
