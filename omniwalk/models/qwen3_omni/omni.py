@@ -11,7 +11,6 @@ from __future__ import annotations
 from torch import nn
 
 from omniwalk.engine.tensor_parallel import replicated
-
 from omniwalk.models.qwen3_omni.code2wav import Code2Wav
 from omniwalk.models.qwen3_omni.config import ThinkerConfig
 from omniwalk.models.qwen3_omni.talker import Talker
