@@ -314,7 +314,8 @@ def load_model(args: EngineArgs) -> LoadedModel:
     ctx.decode_graphs = capture_decode_graphs(args, step, ctx.cache, ctx.max_model_len, ctx.slot_resource)
     if spec.prefill_graphs:
         ctx.prefill_graphs = capture_prefill_graphs(step, ctx.decode_graphs, spec.conv_kernel(ctx.config)
-                                                    if spec.conv_kernel is not None else None)
+                                                    if spec.conv_kernel is not None else None,
+                                                    spec.prefill_graph_sequences)
     if ctx.device.type == "cuda" and args.startup_warmup is not False:
         warm_up_moe_kernels(ctx.module, args.max_num_batched_tokens)
     served = spec.serve(ctx)
@@ -446,7 +447,8 @@ def capture_decode_graphs(args: EngineArgs, lm, cache: PagedKVCache, max_model_l
     return graphs
 
 
-def capture_prefill_graphs(lm, graphs: DecodeGraphs | None, conv_kernel: int | None = None):
+def capture_prefill_graphs(lm, graphs: DecodeGraphs | None, conv_kernel: int | None = None,
+                           max_sequences: int = 8):
     """CUDA graphs of small prefill batches (a request joining a running batch, the first
     arrivals of a wave), beside the decode graphs; None without those or if capture fails."""
     if graphs is None:
@@ -456,7 +458,7 @@ def capture_prefill_graphs(lm, graphs: DecodeGraphs | None, conv_kernel: int | N
 
     # a hybrid model's pieces stay short enough for its recurrent layers' one-launch kernel
     max_tokens = MAX_TOKENS if conv_kernel is None else RECURRENT_PREFILL_MAX_LEN
-    prefill = PrefillGraphs(lm, graphs, conv_kernel=conv_kernel, max_tokens=max_tokens)
+    prefill = PrefillGraphs(lm, graphs, conv_kernel=conv_kernel, max_tokens=max_tokens, max_sequences=max_sequences)
     started = time.perf_counter()
     try:
         prefill.capture()

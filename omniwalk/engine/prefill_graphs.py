@@ -35,16 +35,17 @@ from omniwalk.engine.ragged import RaggedLengths, conv_window_indices
 # graph; on the H200 that prompt ran eagerly in 46 ms (the Qwen3-Omni Thinker, with PDL's
 # graph-only kernels) against 32 ms replayed for prompts that fit (not yet measured with 256)
 TOKEN_BUCKETS = (16, 32, 64, 128, 256)
-SEQUENCE_BUCKETS = (2, 4, 8)           # padding included: up to 7 real pieces
+SEQUENCE_BUCKETS = (2, 4, 8, 16, 32)   # padding included: up to max_sequences - 1 real pieces
 MAX_TOKENS = TOKEN_BUCKETS[-1]
+MAX_SEQUENCES = 8
 
 
 class PrefillGraphs(BucketGraphs):
     def __init__(self, model: torch.nn.Module, decode_graphs: DecodeGraphs, conv_kernel: int | None = None,
-                 max_tokens: int = MAX_TOKENS):
+                 max_tokens: int = MAX_TOKENS, max_sequences: int = MAX_SEQUENCES):
         """`decode_graphs` lends its cache, scratch page, slot resource and scratch slot;
-        `conv_kernel`: the recurrent layers' conv width (hybrid models); `max_tokens`: the
-        largest bucket's tokens."""
+        `conv_kernel`: the recurrent layers' conv width (hybrid models); `max_tokens` and
+        `max_sequences`: the largest bucket's tokens and sequences (padding included)."""
         self.model = model
         self.cache = decode_graphs.cache
         self.device = decode_graphs.device
@@ -55,8 +56,11 @@ class PrefillGraphs(BucketGraphs):
         columns = decode_graphs.slot_columns
         self.max_pages = decode_graphs.max_pages
         self.conv_kernel = conv_kernel or 1
-        self.buckets = sorted((t, n) for t in TOKEN_BUCKETS if t <= max_tokens for n in SEQUENCE_BUCKETS)
-        tokens, seqs, kernel = max_tokens, SEQUENCE_BUCKETS[-1], self.conv_kernel
+        sequence_buckets = [n for n in SEQUENCE_BUCKETS if n <= max_sequences]
+        # every sequence takes at least one token
+        self.buckets = sorted((t, n) for t in TOKEN_BUCKETS if t <= max_tokens for n in sequence_buckets if n <= t)
+        self.max_sequences = sequence_buckets[-1]
+        tokens, seqs, kernel = max_tokens, self.max_sequences, self.conv_kernel
         # one long and one int32 buffer, staged through pinned memory in one copy each
         self._long_fields = {"input_ids": tokens, "positions": tokens, "kv_slots": tokens, "ends": seqs,
                              "row_slots": columns * seqs, "cu_seqlens": seqs + 1, "conv_gather": tokens * kernel,
@@ -109,7 +113,7 @@ class PrefillGraphs(BucketGraphs):
                 self._longs("conv_gather")[: tokens * kernel].view(tokens, kernel),
                 self._longs("conv_state")[: seqs * (kernel - 1)].view(seqs, kernel - 1),
                 max_len=tokens, lengths=query_lens)
-            row_slots = self._longs("row_slots").view(-1, SEQUENCE_BUCKETS[-1])[:, :seqs]
+            row_slots = self._longs("row_slots").view(-1, self.max_sequences)[:, :seqs]
             inputs += (self.slot_resource.prefill_view(row_slots, ragged),)
         hidden = self.model(*inputs)
         return self.model.compute_logits(hidden.index_select(0, self._longs("ends")[:seqs]))   # [seqs, vocab] fp32
@@ -164,7 +168,7 @@ class PrefillGraphs(BucketGraphs):
         for row, pages in enumerate(page_tables):
             table[row, : len(pages)] = pages
         if self.slot_resource is not None:
-            columns = longs["row_slots"].reshape(-1, SEQUENCE_BUCKETS[-1])     # [slots_per_row, max sequences]
+            columns = longs["row_slots"].reshape(-1, self.max_sequences)     # [slots_per_row, max sequences]
             if count:
                 columns[:, :count] = np.asarray(row_slots, dtype=np.int64).reshape(count, -1).T
             columns[:, count:seqs] = np.asarray(self.scratch_row_slots, dtype=np.int64)[:, None]

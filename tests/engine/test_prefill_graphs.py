@@ -70,3 +70,33 @@ def test_a_128_token_prompt_fits_a_graph_except_on_a_hybrid_model():
         fits = graphs.bucket_for([128], [8])
         assert fits == (None if conv else (256, 2))
         assert max(tokens for tokens, _ in graphs.buckets) == (RECURRENT_PREFILL_MAX_LEN if conv else 256)
+
+
+def test_more_pieces_than_the_default_buckets_hold_equal_the_eager_pass():
+    """A family may ask for buckets of up to 32 sequences (Whisper: an encoder pass starts up
+    to 16 windows' prompts in one step); 10 pieces of a padded 16-sequence bucket give the
+    logits the eager pass gives them, each piece on its own pages."""
+    from omniwalk.engine.attention import PagedAttention, build_metadata
+
+    loaded = load_model(EngineArgs("tiny-qwen3", device="cpu", dtype="float32", kv_cache_tokens=4096, max_num_seqs=4))
+    executor = loaded.served.executors["backbone"]
+    model, cache = executor.model, executor.cache
+    graphs = PrefillGraphs(model, DecodeGraphs(model, cache, 4, 8), max_sequences=16)
+    assert max(seqs for _, seqs in graphs.buckets) == 16
+    query_lens = [4, 1, 7, 3, 4, 2, 5, 4, 6, 4]
+    handles, context_lens = list(range(10, 20)), [0] * 10
+    assert graphs.bucket_for(query_lens, [1] * 10) == (64, 16)
+    for handle, n in zip(handles, query_lens):
+        cache.reserve(handle, n)
+    generator = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(0, 100, (sum(query_lens),), generator=generator).tolist()
+    positions = [p for n in query_lens for p in range(n)]
+    tables = [cache.page_tables[h] for h in handles]
+    kv_slots = [s for h, n in zip(handles, query_lens) for s in cache.slots(h, 0, n)]
+    replayed = graphs.run(input_ids, positions, kv_slots, context_lens, query_lens, tables)
+    with torch.inference_mode():
+        hidden = model(torch.tensor(input_ids), torch.tensor(positions),
+                       PagedAttention(cache, build_metadata(cache, handles, context_lens, query_lens, cache.keys.device)))
+        eager = model.compute_logits(hidden[torch.tensor(query_lens).cumsum(0) - 1])
+    assert replayed.shape == eager.shape == (10, eager.shape[1]) and graphs.replays == 1
+    torch.testing.assert_close(replayed, eager, rtol=1e-4, atol=1e-4)

@@ -373,9 +373,9 @@ def test_decode_graph_path_equals_eager_path(monkeypatch):
     from omniwalk.engine.cuda_graphs import DecodeGraphs
     from omniwalk.engine.prefill_graphs import PrefillGraphs
     from omniwalk.loading import load_model
-    from omniwalk.models.whisper.executors import DecoderStep
-
     from omniwalk.models.whisper.encoder_graphs import EncoderGraphs
+    from omniwalk.models.whisper.executors import DecoderStep
+    from omniwalk.models.whisper.loading import WHISPER_LOADER
 
     requests = [greedy(clip(["sine", "chirp", "noise"][i % 3], 3 + 5 * i, seed=i), 30,
                        language=None if i % 3 == 0 else "en", timestamp_granularities=("segment",) * (i % 2))
@@ -394,7 +394,8 @@ def test_decode_graph_path_equals_eager_path(monkeypatch):
         if graphs:
             decoder.decode_graphs = DecodeGraphs(DecoderStep(decoder.model), decoder.cache, 8,
                                                  -(-loaded.max_model_len // args.page_size), decoder.cross)
-            decoder.prefill_graphs = PrefillGraphs(DecoderStep(decoder.model), decoder.decode_graphs)
+            decoder.prefill_graphs = PrefillGraphs(DecoderStep(decoder.model), decoder.decode_graphs,
+                                                   max_sequences=WHISPER_LOADER.prefill_graph_sequences)
             encoder = loaded.served.executors["encoder"]   # and the encoder's graphs' buffers (3 windows a pass)
             encoder.graphs, encoder.max_windows = EncoderGraphs(encoder.encoder, 3), 3
         with Engine(args, loaded=loaded) as engine:

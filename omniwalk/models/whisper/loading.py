@@ -125,8 +125,10 @@ WHISPER_LOADER = LoaderSpec(
     no_prefix_caching="a decoder's keys depend on its audio through cross-attention",
     decode_step=lambda ctx: DecoderStep(ctx.module),
     # a window's forced prompt (4 tokens, ~650 launches eagerly: 25-33 ms of host a window at
-    # c = 1 in the step probe at cb0225a) and a wave's mixed batches replay graphs
+    # c = 1 in the step probe at cb0225a) and a wave's mixed batches replay graphs; an encoder
+    # pass starts up to MAX_ENCODER_WINDOWS prompts in one step (eagerly at c = 32: 43 ms of host)
     prefill_graphs=True,
+    prefill_graph_sequences=2 * MAX_ENCODER_WINDOWS,
     serve=serve_whisper,
     worker_executors={ENCODER.name: encoder_executor},
 )
