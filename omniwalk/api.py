@@ -60,6 +60,14 @@ MISSING = {Capability.TEXT: "does not generate text", Capability.SPEECH: "does n
            Capability.TRANSCRIPTION: "does not transcribe speech"}
 
 
+def _join_queued(chunk, queued: deque):
+    """`chunk` joined with the chunks queued behind it, up to an error (sent on its own, after
+    the output before it)."""
+    while queued and hasattr(chunk, "then") and not chunk.finished and queued[0].error is None:
+        chunk = chunk.then(queued.popleft())
+    return chunk
+
+
 class RequestStream:
     """Chunks of one request as they are produced; iterate it (sync or async) or abort it."""
 
@@ -99,12 +107,15 @@ class RequestStream:
             yield chunk
 
     async def __aiter__(self) -> AsyncIterator[Any]:
+        """Chunks as they come; a consumer that fell behind gets what is queued as one chunk
+        where the chunk type can join (`then`: text and speech), as vLLM's output collector
+        does: a loaded API process writes fewer, larger events instead of falling further behind."""
         try:
             while not self.finished:
                 if not self._chunks:
                     self._waiter = self._loop.create_future()
                     await self._waiter
-                chunk = self._chunks.popleft()
+                chunk = _join_queued(self._chunks.popleft(), self._chunks)
                 self.finished = chunk.finished
                 yield chunk
         finally:

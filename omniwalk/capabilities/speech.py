@@ -14,7 +14,7 @@ client received.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from omniwalk.capabilities import Capability, Frontend
 from omniwalk.engine.sampler import SamplingParams
@@ -67,6 +67,10 @@ class SpeechChunk:
     finish_reason: str | None = None
     usage: SpeechUsage | None = None
     error: str | None = None
+
+    def then(self, later: "SpeechChunk") -> "SpeechChunk":
+        """This chunk and the next one of its request as one (see `GenerationChunk.then`)."""
+        return replace(later, pcm=self.pcm + later.pcm, token_ids=self.token_ids + later.token_ids)
 
 
 @dataclass

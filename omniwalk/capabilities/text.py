@@ -7,7 +7,7 @@ detokenization, stop strings, usage), and the frontend of any decoder LM.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from omniwalk.capabilities import Capability, Frontend, Prepared
@@ -96,6 +96,12 @@ class GenerationChunk:
     # None for an EOS, the length cap, or a request still running
     stop_reason: str | int | None = None
     audio: bytes = b""        # speech (`GenerationRequest.speech`): 16-bit PCM samples made this step
+
+    def then(self, later: "GenerationChunk") -> "GenerationChunk":
+        """This chunk and the next one of its request as one (a consumer that fell behind
+        reads what is queued as one chunk: `RequestStream`)."""
+        return replace(later, token_ids=self.token_ids + later.token_ids, text=self.text + later.text,
+                       logprobs=self.logprobs + later.logprobs, audio=self.audio + later.audio)
 
 
 @dataclass

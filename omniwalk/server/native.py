@@ -5,7 +5,8 @@ Non-streamed answer:
     {"id", "text", "token_ids", "finish_reason", "usage": {"prompt_tokens", "output_tokens"}}
     (+ "logprobs": [{"logprob", "top": [[id, logprob], ...]}, ...] when asked for)
 
-Streamed answer (`"stream": true`): NDJSON, one line per engine chunk
+Streamed answer (`"stream": true`): NDJSON, one line per engine chunk (chunks still queued
+when the server gets to a stream, because it fell behind, go out joined as one line)
 
     {"id", "token_ids", "text"}                               (+ "logprobs")
     ... the last line adds "finish_reason" and "usage", and "error" when the request failed

@@ -32,7 +32,8 @@ def test_streamed_equals_full(http, sampling):
     full = http.post("/generate", json=body).json()
     lines = _stream(http, body)
     assert all(line["id"] == lines[0]["id"] for line in lines)
-    assert [len(line["token_ids"]) for line in lines[:-1]] == [1] * (len(lines) - 1)   # one line per step
+    # a line per step (or per several, when the server fell behind this stream: they are joined)
+    assert len(lines) > 1 and all(line["token_ids"] for line in lines[:-1])
     assert sum((line["token_ids"] for line in lines), []) == full["token_ids"]
     assert "".join(line["text"] for line in lines) == full["text"]
     final = lines[-1]
