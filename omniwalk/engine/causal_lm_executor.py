@@ -343,6 +343,11 @@ class CausalLMExecutor(NodeExecutor):
         """Hook: each row's slots in the graphs' slot resource (hybrid models: its state rows)."""
         return None
 
+    #: whether a row's slots stay the same from step to step (Whisper's cross-attention
+    #: slot, for a window); a hybrid model's state rows alternate, so a step launched two
+    #: ahead (`_launch_early`) would need rows not yet committed
+    row_slots_fixed = False
+
     def _lookahead_pages(self, calls, sequences, unseen: int = 0) -> list[int] | None:
         """The pages each row needs for one more token (`unseen`: beyond the ones the host
         has not seen yet), if the batch may look ahead: its next samples come back as ids
@@ -366,7 +371,7 @@ class CausalLMExecutor(NodeExecutor):
         rows = self._rows_of(calls)
         mask = self.logits_mask
         if (rows.settings.out_rows or (mask is not None and not hasattr(mask, "candidate_table"))
-                or self._row_slots(rows.handles) is not None):
+                or (not self.row_slots_fixed and self._row_slots(rows.handles) is not None)):
             return None
         extra_pages = self._lookahead_pages(calls, sequences, unseen=1)
         if extra_pages is None:

@@ -377,7 +377,9 @@ def test_decode_graph_path_equals_eager_path(monkeypatch):
     from omniwalk.models.whisper.executors import DecoderStep
     from omniwalk.models.whisper.loading import WHISPER_LOADER
 
-    requests = [greedy(clip(["sine", "chirp", "noise"][i % 3], 3 + 5 * i, seed=i), 30,
+    # the timestamp streams end early (10 ids): the rest then decode without their rules'
+    # mask, two steps ahead
+    requests = [greedy(clip(["sine", "chirp", "noise"][i % 3], 3 + 5 * i, seed=i), 10 if i % 2 else 30,
                        language=None if i % 3 == 0 else "en", timestamp_granularities=("segment",) * (i % 2))
                 for i in range(8)]
     replays = []
@@ -402,7 +404,7 @@ def test_decode_graph_path_equals_eager_path(monkeypatch):
             streams = [engine.submit(r) for r in requests]
             outputs[graphs] = [[t for c in s for t in c.token_ids] for s in streams]
     assert outputs[True] == outputs[False]
-    assert sum(len(ids) for ids in outputs[True]) > 100
+    assert sum(len(ids) for ids in outputs[True]) > 80
     assert len(replays) > 20 and max(map(len, replays)) > 1   # batched decode steps went through the graphs
     assert any(0 in positions for positions in replays)        # and language detection ([sot] at position 0)
     assert decoder.prefill_graphs.replays > 0                  # windows' prompts through the prefill graphs
@@ -411,6 +413,7 @@ def test_decode_graph_path_equals_eager_path(monkeypatch):
     # through the sampling graphs depends on which streams share it, so on arrival timing:
     # tests/engine/test_lookahead.py checks those)
     assert decoder.lookahead_used > 0
+    assert decoder.lookahead_early > 0   # and steps launched two ahead (the cross slots stay put)
 
 
 def test_phase_changes_take_pages_through_check_act(eos_engine, monkeypatch):

@@ -483,6 +483,11 @@ class DecoderExecutor(CausalLMExecutor):
     def _row_slots(self, handles: list[int]) -> list[tuple[int]]:
         return [self.cross.row_slots(h) for h in handles]
 
+    # a stream's cross-attention slot holds its window's encoder states until the window
+    # ends (a new window's are written in order on the same CUDA stream, after any step
+    # launched before them), so decode steps may be launched two ahead
+    row_slots_fixed = True
+
     def _eager_inputs(self, handles: list[int], query_lens: list[int]) -> tuple:
         return (CrossAttention(self.cross, handles, query_lens),)
 
