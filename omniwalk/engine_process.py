@@ -45,7 +45,7 @@ from omniwalk.messages import (
     EngineCommand, EngineOutput, EngineReady, EngineSetup, InspectResult, LoopFailed, ModelInfo, Shutdown,
     StartFailed, StepOutputs,
 )
-from omniwalk.processes import connect, exit_reason, first_answer, quick_lock_handoffs, spawn
+from omniwalk.processes import connect, exit_reason, first_answer, spawn
 
 logger = logging.getLogger(__name__)
 
@@ -192,7 +192,6 @@ def main(fd: int) -> int:
     """Set up from the API process's messages, load, serve until `Shutdown` or the API
     process's end; the exit status (0, or 1 when loading failed or the loop died)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the API process stops us in order
-    quick_lock_handoffs()
     channel, level = connect(fd)
     configure_logging(level, ENGINE_LOG_FORMAT)
     setup: EngineSetup = channel.recv()

@@ -18,19 +18,6 @@ from omniwalk.ipc import Channel, ChannelClosed
 from omniwalk.logs import parent_context, take_parent_context
 
 
-#: how often a thread running Python hands the interpreter lock to one waiting for it
-#: (CPython's default: 5 ms), in the server's processes: there the event loop, the output
-#: thread and the channel threads take turns many times a step, and each wait was up to the
-#: default. On the H200 (Qwen3-0.6B shape, c = 128 over 4 API processes, b0bc06c) 0.5 ms
-#: took the server-side time to first token from 74.6 to 66.8 ms (mean of 544 requests)
-SERVER_SWITCH_INTERVAL_S = 0.0005
-
-
-def quick_lock_handoffs() -> None:
-    """A server process's interpreter hands its lock over every SERVER_SWITCH_INTERVAL_S."""
-    sys.setswitchinterval(SERVER_SWITCH_INTERVAL_S)
-
-
 def spawn(entry: str, log_level: int, extra_fds: tuple[int, ...] = ()) -> tuple[subprocess.Popen, Channel]:
     """Starts `python -c entry FD` with the other end of a new channel (and `extra_fds`,
     inherited as they are), and sends it this process's `sys.path` (its families and test

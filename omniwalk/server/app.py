@@ -316,9 +316,6 @@ def run_server(engine: Engine, args, options: ServeOptions, sock: socket.socket,
     engine down. `announce`: log what is served (the first API process of several only)."""
     import uvicorn
 
-    from omniwalk.processes import quick_lock_handoffs
-
-    quick_lock_handoffs()
     loaded, engine_args, api_key = engine.loaded, options.engine_args, options.api_key
     names = served_names(getattr(args, "served_model_name", None), default_model_name(loaded.name))
     if announce:
