@@ -51,10 +51,6 @@ def default_model_name(model: str) -> str:
 
 #: threads that tokenize, render chat templates, read media and compute features
 DEFAULT_FRONTEND_THREADS = 4
-#: characters (or token ids) of input up to which a request's frontend work runs on the event
-#: loop itself: tens of microseconds, against a hop to a frontend thread and back whose two
-#: waits for the interpreter lock are what a busy API process makes a burst of arrivals pay
-INLINE_FRONTEND_MAX = 2048
 
 
 @dataclass
@@ -63,9 +59,8 @@ class ServerContext:
 
     Work that scales with a request's size (tokenizing its prompt, rendering a chat
     template, decoding base64 media, audio files and features: everything `Engine.submit`
-    runs through the model's frontend) runs on `executor` (`off_loop`), so one large request
-    does not hold up /health or another client's stream; a small one's runs on the loop
-    (`frontend_work`)."""
+    runs through the model's frontend) runs on `executor`, never on the event loop, so one
+    large request does not hold up /health or another client's stream (`off_loop`)."""
 
     engine: Engine
     metrics: ServerMetrics
@@ -148,25 +143,15 @@ class ServerContext:
             future.add_done_callback(_abort_if_generation)
             raise
 
-    async def frontend_work(self, make: Callable[[], Any], size: int | None) -> Any:
-        """`make()` here on the loop when its input is small (`size`, characters or ids, at
-        most INLINE_FRONTEND_MAX), else on the frontend threads (`off_loop`); None: unknown
-        or media, always off the loop."""
-        if size is not None and size <= INLINE_FRONTEND_MAX:
-            return make()
-        return await self.off_loop(make)
-
     async def submit(self, requests: list[GenerationRequest], request_id: str,
                      media: list[MediaRef] = (), fields: ClientFields | None = None) -> "Generation":
-        """Text generations (the completion routes), submitted off the loop unless their
-        prompts are small (`frontend_work`). With `media`, each prompt has a marker per item:
-        their bytes are read (base64, files) off the loop too, and the frontend decodes them.
-        `fields`: the route's field names, for the engine's 400s."""
+        """Text generations (the completion routes), submitted off the loop. With `media`,
+        each prompt has a marker per item: their bytes are read (base64, files) there too,
+        and the frontend decodes them. `fields`: the route's field names, for the engine's 400s."""
         self.check_generates_text()
         self.check_room_for(len(requests))
         loop = asyncio.get_running_loop()
-        size = None if media else sum(len(r.prompt if r.prompt is not None else r.prompt_token_ids) for r in requests)
-        return await self.frontend_work(lambda: self.submit_here(requests, request_id, loop, media, fields), size)
+        return await self.off_loop(lambda: self.submit_here(requests, request_id, loop, media, fields))
 
     def submit_here(self, requests: list[GenerationRequest], request_id: str, loop: asyncio.AbstractEventLoop,
                     media: list[MediaRef] = (), fields: ClientFields | None = None) -> "Generation":

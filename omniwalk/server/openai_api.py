@@ -60,7 +60,7 @@ from omniwalk.server.generation import (
 from omniwalk.server.media import MediaRef, chat_content, check_markers
 from omniwalk.server.speech import wav_header
 from omniwalk.server.protocol import (
-    ApiError, ChatCompletionRequest, ClientFields, CompletionRequest, TextPart, check_stop_token_ids, error_body,
+    ApiError, ChatCompletionRequest, ClientFields, CompletionRequest, check_stop_token_ids, error_body,
 )
 from omniwalk.tokenizer import encode
 
@@ -128,7 +128,7 @@ def openai_router(ctx: ServerContext) -> APIRouter:
             requests = [_choice_request(base, prompt, body.seed, i) for i in range(body.n)]
             return ctx.submit_here(requests, request_id, loop, media, fields)
 
-        generation = await ctx.frontend_work(render_and_submit, _text_size(body.messages))
+        generation = await ctx.off_loop(render_and_submit)
         return await _respond(request, _ChatView(ctx, body, generation, token_text))
 
     return router
@@ -234,20 +234,6 @@ def _completion_prompts(prompt) -> list[str | list[int]]:
     if isinstance(prompt[0], int):
         return [list(prompt)]
     return list(prompt)
-
-
-def _text_size(messages) -> int | None:
-    """The characters of a chat's messages, None if any part is not text (media)."""
-    size = 0
-    for message in messages:
-        content = message.content
-        if isinstance(content, list):
-            if not all(isinstance(part, TextPart) for part in content):
-                return None
-            size += sum(len(part.text) for part in content)
-        elif content is not None:
-            size += len(content)
-    return size
 
 
 def _base_request(body, max_tokens: int | None, logprobs: int | None, fields: ClientFields) -> GenerationRequest:

@@ -179,10 +179,10 @@ def speech_request(body, text: str) -> SpeechRequest:
 
 
 async def _submit(ctx: ServerContext, request: SpeechRequest, request_id: str) -> Generation:
-    """Submitted here, or from a frontend thread for a long text (the frontend tokenizes it)."""
+    """Submitted from a frontend thread (the frontend tokenizes the text)."""
     ctx.check_room_for(1)
     loop = asyncio.get_running_loop()
-    return await ctx.frontend_work(lambda: Generation(ctx, [request], request_id, loop=loop), len(request.input))
+    return await ctx.off_loop(lambda: Generation(ctx, [request], request_id, loop=loop))
 
 
 async def collect(generation: Generation, sample_rate: int) -> SpeechResult:

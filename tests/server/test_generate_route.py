@@ -66,25 +66,3 @@ def test_unknown_field_is_422(http):
     response = http.post("/generate", json={"prompt": "Hi", "max_tokens": 3})
     assert response.status_code == 422
     assert response.json()["error"]["param"] == "max_tokens"
-
-
-def test_small_frontend_work_runs_on_the_loop_and_large_or_media_work_off_it():
-    """A short prompt's tokenizing is cheaper than the hop to a frontend thread and back;
-    a long one (or one with media: size None) must not hold the event loop."""
-    import asyncio
-    import threading
-
-    from omniwalk.server.generation import INLINE_FRONTEND_MAX, ServerContext
-
-    ctx = ServerContext(engine=None, metrics=None, model_name="m")
-    where = lambda: threading.current_thread().name   # noqa: E731
-
-    async def threads():
-        return [await ctx.frontend_work(where, size) for size in (10, INLINE_FRONTEND_MAX, INLINE_FRONTEND_MAX + 1,
-                                                                  None)]
-    try:
-        loop_thread, edge, large, media = asyncio.run(threads())
-    finally:
-        ctx.close()
-    assert loop_thread == edge == threading.current_thread().name
-    assert large.startswith("omniwalk-frontend") and media.startswith("omniwalk-frontend")
