@@ -5,6 +5,7 @@
     NodeWorkers.start: spawn ---sys.path, WorkerSetup--->   read_model (config, source: no backbone),
     load_model (the whole model, as before)                 its nodes' executors on its device
     attach: wait <--WorkerReady(limits, per_stream)------    (LoaderSpec.worker_executors)
+            join the tensor edge (rank 0) <-------------->    join the tensor edge (rank 1)
             executors[node] = RemoteExecutor
     Runtime.step -> RemoteExecutor.run --ToWorker(RunBatch)-->  WorkerNodes.answer: executor.run(calls)
                                      <--BatchDone | BatchFailed
@@ -51,9 +52,16 @@ host, the picture above) or, with `--ray-address`, `ray_workers.RayLink` (a Ray 
 runs `build` and `WorkerNodes.answer` as the process does; omniwalk/ray_workers.py). The proxy
 (`Worker`, `RemoteExecutor`) and every message are the same for both.
 
-On GPUs this is written, not run: each worker loads on its group's device; the values
-cross through the host (for Orpheus the codes are host data and the PCM goes to the host
-for the client anyway). Device-to-device edges (NCCL send/recv): docs/placement.md.
+Tensors between the processes (`SocketLink` only): the messages go on the socket, their
+tensors of 64 KiB and more through a two-rank torch.distributed group of the engine process
+and the worker, right after the message that names them (omniwalk/tensor_edges.py: NCCL
+between GPUs, gloo between CPUs, none between a GPU and a CPU). The worker joins it right
+after its `WorkerReady`, the engine process when it reads that (`SocketLink.ready`); from then
+on both ends talk through an `EdgeChannel`, and a transfer that fails (the peer died inside
+it) is the worker's death, as end of file is. A Ray actor's values all cross through Ray.
+
+On GPUs this is written, not run: each worker loads on its group's device, and its tensor
+edge is NCCL (docs/placement.md, "Tensors between groups").
 """
 
 from __future__ import annotations
