@@ -83,8 +83,7 @@ from omniwalk.processes import connect, exit_reason, first_answer, spawn
 from omniwalk.runtime.executor import NodeCall, NodeExecutor
 from omniwalk.runtime.request import StreamParams
 from omniwalk.tensor_edges import (
-    ENGINE_RANK, WORKER_RANK, EdgeBroken, EdgeChannel, EdgeRendezvous, EdgeStore, TensorEdge, connect_store,
-    edge_backend,
+    ENGINE_RANK, WORKER_RANK, EdgeBroken, EdgeChannel, EdgeRendezvous, EdgeStore, TensorEdge, edge_backend,
 )
 
 if TYPE_CHECKING:
@@ -370,9 +369,10 @@ class LocalProcesses:
     def start(self, setup: EngineSetup, group: "WorkerGroup", log_level: int) -> SocketLink:
         from omniwalk.loading import resolve_device
 
-        edge = self._edge(setup, group)
+        device = resolve_device(setup.args.device)   # the engine process's: its end of the edge
+        edge = self._edge(device, resolve_device(worker_device(group, setup.args)), group.name)
         process, channel = spawn(WORKER_ENTRY, log_level)
-        link = SocketLink(process, channel, self.edges, edge, resolve_device(setup.args.device))
+        link = SocketLink(process, channel, self.edges, edge, device)
         try:
             channel.send(WorkerSetup(setup, group, edge))
         except BaseException:
@@ -380,15 +380,14 @@ class LocalProcesses:
             raise
         return link
 
-    def _edge(self, setup: EngineSetup, group: "WorkerGroup") -> EdgeRendezvous | None:
-        from omniwalk.loading import resolve_device
-
-        backend = edge_backend(resolve_device(setup.args.device), resolve_device(worker_device(group, setup.args)))
+    def _edge(self, device: "torch.device", worker: "torch.device", name: str) -> EdgeRendezvous | None:
+        """Where group `name`'s worker joins its edge; None: devices of two kinds, no edge."""
+        backend = edge_backend(device, worker)
         if backend is None:
             return None
         if self.edges is None:
             self.edges = EdgeStore(BATCH_TIMEOUT_S)
-        return self.edges.rendezvous(group.name, backend)
+        return self.edges.rendezvous(name, backend)
 
     def close(self) -> None:
         """Nothing to let go of: the processes are stopped by their links (the store goes with
@@ -643,10 +642,16 @@ def ready(executors: dict[str, NodeExecutor]) -> WorkerReady:
 
 
 def join_edge(channel: Channel, edge: EdgeRendezvous, device: str) -> EdgeChannel:
-    """The worker's side of its tensor edge (rank 1), joined as the engine process joins its own."""
+    """The worker's side of its tensor edge (rank 1), joined as the engine process joins its
+    own. The engine process sends nothing before it joined: a socket that becomes readable
+    meanwhile is its end of file (it failed to load, or died), and the join gives up."""
     from omniwalk.loading import resolve_device
 
-    return EdgeChannel(channel, TensorEdge.join(connect_store(edge), edge, WORKER_RANK, resolve_device(device)))
+    def engine_alive() -> bool:
+        return not select.select([channel.sock], [], [], 0)[0]
+
+    return EdgeChannel(channel, TensorEdge.join(None, edge, WORKER_RANK, resolve_device(device),
+                                                peer_alive=engine_alive))
 
 
 def worker_device(group: "WorkerGroup", args) -> str:

@@ -114,14 +114,19 @@ class TensorEdge:
         self.bytes_sent = self.bytes_received = 0
 
     @classmethod
-    def join(cls, store: dist.Store, rendezvous: EdgeRendezvous, rank: int, device: torch.device,
+    def join(cls, store: dist.Store | None, rendezvous: EdgeRendezvous, rank: int, device: torch.device,
              peer_alive: Callable[[], bool] = lambda: True) -> "TensorEdge":
-        """Joins the edge (both ends call it; it returns once both have). Raises EdgeBroken
-        when the peer exits first (`peer_alive` says so) or past the rendezvous's timeout."""
-        store = dist.PrefixStore(f"omniwalk-edge/{rendezvous.name}/", store)
+        """Joins the edge (both ends call it; it returns once both have) through `store` (None:
+        a client of the rendezvous's, as a worker connects). Raises EdgeBroken when the peer
+        exits first (`peer_alive` says so) or past the rendezvous's timeout."""
         timeout = timedelta(seconds=rendezvous.timeout_s)
-        group = _while_alive(lambda: _process_group(rendezvous.backend, store, rank, timeout), peer_alive)
-        return cls(group, store, rank, device, edge_min_bytes())
+
+        def join() -> tuple:
+            prefixed = dist.PrefixStore(f"omniwalk-edge/{rendezvous.name}/", store or connect_store(rendezvous))
+            return _process_group(rendezvous.backend, prefixed, rank, timeout), prefixed
+
+        group, prefixed = _while_alive(join, peer_alive)
+        return cls(group, prefixed, rank, device, edge_min_bytes())
 
     def send(self, channel: Channel, message: Any) -> None:
         """`message` on `channel`, its large tensors (`crosses`) through the group after it."""

@@ -17,6 +17,7 @@ from omniwalk.logs import run_child_process
 from omniwalk.node_workers import _serve, join_edge, ready
 from omniwalk.processes import connect
 from omniwalk.runtime import FunctionExecutor
+from omniwalk.tensor_edges import EdgeBroken
 
 #: what the test process spawns (omniwalk.processes.spawn): this folder is not yet on the path
 ENTRY = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
@@ -36,7 +37,10 @@ def main(fd: int) -> int:
     rendezvous, mode = channel.recv()
     executors = {INVERSE.name: FunctionExecutor(reciprocal, max_batch_size=8)}
     channel.send(ready(executors))
-    channel = join_edge(channel, rendezvous, "cpu")
+    try:
+        channel = join_edge(channel, rendezvous, "cpu")
+    except EdgeBroken:
+        return 1
     if mode == "echo":
         echo(channel)
         return 0

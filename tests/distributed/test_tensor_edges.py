@@ -13,9 +13,9 @@ import torch
 from edge_worker import ENTRY
 from inverse_node import INVERSE, runtime_over
 
-from omniwalk.node_workers import SocketLink, Worker, WorkerDied
+from omniwalk.node_workers import SocketLink, Worker, WorkerDied, WorkerReady
 from omniwalk.placement import WorkerGroup
-from omniwalk.processes import spawn
+from omniwalk.processes import first_answer, spawn
 from omniwalk.runtime import Request, StreamParams
 from omniwalk.tensor_edges import EDGE_MIN_BYTES, EdgeStore, edge_backend
 
@@ -99,6 +99,21 @@ def test_a_worker_killed_inside_a_transfer_ends_the_step_with_worker_died(die):
             assert worker.round_trips["BeginStream"] == 1   # the begin answered: the batch's answer was the death
     finally:
         stop(worker)
+
+
+def test_a_worker_whose_engine_is_gone_before_the_join_exits():
+    """The engine process closed its socket (it failed to load, or died) after the worker said
+    it was ready, before joining the edge: the worker gives up its join and exits, it does
+    not wait for the store's timeout."""
+    store = EdgeStore(timeout_s=60)
+    process, channel = spawn(ENTRY, logging.CRITICAL)
+    channel.send((store.rendezvous("w", "gloo"), None))
+    assert isinstance(first_answer(channel), WorkerReady)
+    channel.close()
+    try:
+        assert process.wait(timeout=20) == 1   # logged: could not join its tensor edge
+    finally:
+        process.kill()
 
 
 def test_an_edge_needs_devices_of_one_kind():
