@@ -122,7 +122,8 @@ class TensorEdge:
         timeout = timedelta(seconds=rendezvous.timeout_s)
 
         def join() -> tuple:
-            prefixed = dist.PrefixStore(f"omniwalk-edge/{rendezvous.name}/", store or connect_store(rendezvous))
+            shared = store if store is not None else connect_store(rendezvous)
+            prefixed = dist.PrefixStore(f"omniwalk-edge/{rendezvous.name}/", shared)
             return _process_group(rendezvous.backend, prefixed, rank, timeout), prefixed
 
         group, prefixed = _while_alive(join, peer_alive)
