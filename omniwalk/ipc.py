@@ -28,7 +28,7 @@ import pickle
 import socket
 import struct
 import threading
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -68,17 +68,19 @@ class Channel:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         return Channel(ours), theirs
 
-    def send(self, message: Any) -> None:
-        """Raises ChannelClosed when the other end is gone."""
-        pieces = encode(message)
+    def send(self, message: Any, persistent_id: Callable[[Any], Any] | None = None) -> None:
+        """Raises ChannelClosed when the other end is gone. `persistent_id`: pickle's hook
+        (an object it names is sent as that name; omniwalk.tensor_edges moves tensors so)."""
+        pieces = encode(message, persistent_id)
         with self._send_lock:
             try:
                 _send_all(self.sock, pieces)
             except (BrokenPipeError, ConnectionResetError, OSError) as exc:
                 raise ChannelClosed(f"the channel is closed ({exc})") from None
 
-    def recv(self) -> Any:
-        """The next message; raises ChannelClosed at end of file."""
+    def recv(self, persistent_load: Callable[[Any], Any] | None = None) -> Any:
+        """The next message; raises ChannelClosed at end of file. `persistent_load`: pickle's
+        hook, the object for each name the sender's `persistent_id` gave."""
         header = self._read(_SIZE.size)
         size, count = _SIZE.unpack(header)
         body = self._read(size)
@@ -91,7 +93,11 @@ class Channel:
         for length in lengths:
             buffers.append(view[offset:offset + length])
             offset += length
-        return pickle.loads(stream, buffers=buffers)
+        if persistent_load is None:
+            return pickle.loads(stream, buffers=buffers)
+        unpickler = pickle.Unpickler(io.BytesIO(stream), buffers=buffers)
+        unpickler.persistent_load = persistent_load
+        return unpickler.load()
 
     def _read(self, size: int) -> bytearray:
         data = bytearray(size)
@@ -122,7 +128,7 @@ def inherited_socket(fd: int) -> socket.socket:
     return sock
 
 
-def encode(message: Any) -> list:
+def encode(message: Any, persistent_id: Callable[[Any], Any] | None = None) -> list:
     """The pieces of one frame: header, pickle stream, out-of-band buffers."""
     stream = io.BytesIO()
     buffers: list[memoryview] = []
@@ -136,6 +142,8 @@ def encode(message: Any) -> list:
 
     pickler = pickle.Pickler(stream, protocol=5, buffer_callback=out_of_band)
     pickler.dispatch_table = _DISPATCH
+    if persistent_id is not None:
+        pickler.persistent_id = persistent_id
     pickler.dump(message)
     body = stream.getbuffer()
     lengths = b"".join(_LENGTH.pack(b.nbytes) for b in buffers)

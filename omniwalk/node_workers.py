@@ -5,6 +5,7 @@
     NodeWorkers.start: spawn ---sys.path, WorkerSetup--->   read_model (config, source: no backbone),
     load_model (the whole model, as before)                 its nodes' executors on its device
     attach: wait <--WorkerReady(limits, per_stream)------    (LoaderSpec.worker_executors)
+            join the tensor edge (rank 0) <-------------->    join the tensor edge (rank 1)
             executors[node] = RemoteExecutor
     Runtime.step -> RemoteExecutor.run --ToWorker(RunBatch)-->  WorkerNodes.answer: executor.run(calls)
                                      <--BatchDone | BatchFailed
@@ -51,9 +52,16 @@ host, the picture above) or, with `--ray-address`, `ray_workers.RayLink` (a Ray 
 runs `build` and `WorkerNodes.answer` as the process does; omniwalk/ray_workers.py). The proxy
 (`Worker`, `RemoteExecutor`) and every message are the same for both.
 
-On GPUs this is written, not run: each worker loads on its group's device; the values
-cross through the host (for Orpheus the codes are host data and the PCM goes to the host
-for the client anyway). Device-to-device edges (NCCL send/recv): docs/placement.md.
+Tensors between the processes (`SocketLink` only): the messages go on the socket, their
+tensors of 64 KiB and more through a two-rank torch.distributed group of the engine process
+and the worker, right after the message that names them (omniwalk/tensor_edges.py: NCCL
+between GPUs, gloo between CPUs, none between a GPU and a CPU). The worker joins it right
+after its `WorkerReady`, the engine process when it reads that (`SocketLink.ready`); from then
+on both ends talk through an `EdgeChannel`, and a transfer that fails (the peer died inside
+it) is the worker's death, as end of file is. A Ray actor's values all cross through Ray.
+
+On GPUs this is written, not run: each worker loads on its group's device, and its tensor
+edge is NCCL (docs/placement.md, "Tensors between groups").
 """
 
 from __future__ import annotations
@@ -74,8 +82,13 @@ from omniwalk.messages import EngineSetup, StartFailed
 from omniwalk.processes import connect, exit_reason, first_answer, spawn
 from omniwalk.runtime.executor import NodeCall, NodeExecutor
 from omniwalk.runtime.request import StreamParams
+from omniwalk.tensor_edges import (
+    ENGINE_RANK, WORKER_RANK, EdgeBroken, EdgeChannel, EdgeRendezvous, EdgeStore, TensorEdge, edge_backend,
+)
 
 if TYPE_CHECKING:
+    import torch
+
     from omniwalk.placement import WorkerGroup
     from omniwalk.runtime import ServedModel
 
@@ -108,10 +121,12 @@ class WorkerStateLost(BaseException):
 
 @dataclass(frozen=True)
 class WorkerSetup:
-    """What a worker process loads: the engine's setup, and its group (nodes, device)."""
+    """What a worker process loads: the engine's setup, and its group (nodes, device); where
+    it joins its tensor edge once loaded (None: every value crosses on the socket)."""
 
     setup: EngineSetup
     group: "WorkerGroup"
+    edge: EdgeRendezvous | None = None
 
 
 @dataclass(frozen=True)
@@ -288,12 +303,20 @@ class WorkerLink(Protocol):
 
 
 class SocketLink:
-    """A worker process of this host (`spawn`), over its socket pair: end of file is its death."""
+    """A worker process of this host (`spawn`), over its socket pair: end of file is its death.
+    With an edge (`edges`: the engine's store, `edge`: the worker's place in it), large tensors
+    of both directions cross through torch.distributed once the worker is ready
+    (omniwalk/tensor_edges.py), the messages still on the socket; those it receives are made
+    on `device`, the engine's."""
 
-    def __init__(self, process: subprocess.Popen, channel: Channel):
+    def __init__(self, process: subprocess.Popen, channel: Channel, edges: EdgeStore | None = None,
+                 edge: EdgeRendezvous | None = None, device: "torch.device | None" = None):
         self.process = process
-        self.channel = channel
+        self.channel: Channel | EdgeChannel = channel
         self.pid = process.pid
+        self.edges = edges
+        self.edge = edge
+        self.device = device
 
     def where(self) -> str:
         return f"pid {self.pid}"
@@ -302,7 +325,18 @@ class SocketLink:
         message = first_answer(self.channel)
         if message is None:
             raise WorkerLost(exit_reason(self.process))
+        if isinstance(message, WorkerReady) and self.edge is not None:
+            self._join_edge()
         return message
+
+    def _join_edge(self) -> None:
+        """The worker joins right after its ready; so does this process, as rank 0."""
+        try:
+            edge = TensorEdge.join(self.edges.store, self.edge, ENGINE_RANK, self.device,
+                                   peer_alive=lambda: self.process.poll() is None)
+        except EdgeBroken as exc:
+            raise WorkerLost(exit_reason(self.process) if self.process.poll() is not None else str(exc)) from None
+        self.channel = EdgeChannel(self.channel, edge)
 
     def exchange(self, message: ToWorker, timeout_s: float) -> FromWorker:
         try:
@@ -310,7 +344,7 @@ class SocketLink:
             if not select.select([self.channel.sock], [], [], timeout_s)[0]:
                 raise TimeoutError
             return self.channel.recv()
-        except ChannelClosed:
+        except (ChannelClosed, EdgeBroken):
             raise WorkerLost(exit_reason(self.process)) from None
 
     def close(self) -> None:
@@ -326,20 +360,38 @@ class SocketLink:
 
 
 class LocalProcesses:
-    """Starts each worker group as a process of this host (no --ray-address)."""
+    """Starts each worker group as a process of this host (no --ray-address), with a tensor
+    edge to this process where both ends' devices are of one kind (`edge_backend`)."""
+
+    def __init__(self):
+        self.edges: EdgeStore | None = None   # the edges' rendezvous, made with the first edge
 
     def start(self, setup: EngineSetup, group: "WorkerGroup", log_level: int) -> SocketLink:
+        from omniwalk.loading import resolve_device
+
+        device = resolve_device(setup.args.device)   # the engine process's: its end of the edge
+        edge = self._edge(device, resolve_device(worker_device(group, setup.args)), group.name)
         process, channel = spawn(WORKER_ENTRY, log_level)
-        link = SocketLink(process, channel)
+        link = SocketLink(process, channel, self.edges, edge, device)
         try:
-            channel.send(WorkerSetup(setup, group))
+            channel.send(WorkerSetup(setup, group, edge))
         except BaseException:
             process.kill()
             raise
         return link
 
+    def _edge(self, device: "torch.device", worker: "torch.device", name: str) -> EdgeRendezvous | None:
+        """Where group `name`'s worker joins its edge; None: devices of two kinds, no edge."""
+        backend = edge_backend(device, worker)
+        if backend is None:
+            return None
+        if self.edges is None:
+            self.edges = EdgeStore(BATCH_TIMEOUT_S)
+        return self.edges.rendezvous(name, backend)
+
     def close(self) -> None:
-        """Nothing to let go of: the processes are stopped by their links."""
+        """Nothing to let go of: the processes are stopped by their links (the store goes with
+        this process)."""
 
 
 class Worker:
@@ -562,6 +614,12 @@ def worker_main(fd: int) -> int:
             pass
         return 1
     channel.send(ready(executors))
+    if worker.edge is not None:
+        try:
+            channel = join_edge(channel, worker.edge, worker_device(worker.group, worker.setup.args))
+        except EdgeBroken:
+            logger.exception("worker group %r could not join its tensor edge", worker.group.name)
+            return 1
     from omniwalk.engine_loop import quiet_gc
 
     quiet_gc()
@@ -583,6 +641,24 @@ def ready(executors: dict[str, NodeExecutor]) -> WorkerReady:
                        {node: per_stream_methods(executor) for node, executor in executors.items()})
 
 
+def join_edge(channel: Channel, edge: EdgeRendezvous, device: str) -> EdgeChannel:
+    """The worker's side of its tensor edge (rank 1), joined as the engine process joins its
+    own. The engine process sends nothing before it joined: a socket that becomes readable
+    meanwhile is its end of file (it failed to load, or died), and the join gives up."""
+    from omniwalk.loading import resolve_device
+
+    def engine_alive() -> bool:
+        return not select.select([channel.sock], [], [], 0)[0]
+
+    return EdgeChannel(channel, TensorEdge.join(None, edge, WORKER_RANK, resolve_device(device),
+                                                peer_alive=engine_alive))
+
+
+def worker_device(group: "WorkerGroup", args) -> str:
+    """The device a worker group's nodes run on (its first; `--device` for auto)."""
+    return group.devices[0] if group.devices[0] != "auto" else args.device
+
+
 def build(worker: WorkerSetup) -> dict[str, NodeExecutor]:
     """Its nodes' executors from the model's files alone (`read_model`), on its device; what
     fails is logged here (the caller answers StartFailed)."""
@@ -599,7 +675,7 @@ def _build(worker: WorkerSetup) -> dict[str, NodeExecutor]:
 
     _register_families(worker.setup.families)
     group, args = worker.group, worker.setup.args
-    device = group.devices[0] if group.devices[0] != "auto" else args.device
+    device = worker_device(group, args)
     if device.startswith("cuda:"):   # its device is the current one: streams, events and graphs made there
         import torch
 
@@ -621,18 +697,19 @@ def per_stream_methods(executor: NodeExecutor) -> tuple[str, ...]:
                  if getattr(type(executor), name) is not getattr(NodeExecutor, name))
 
 
-def _serve(channel: Channel, executors: dict[str, NodeExecutor]) -> None:
-    """Messages in, answers out, one at a time, until the engine process's socket closes."""
+def _serve(channel: Channel | EdgeChannel, executors: dict[str, NodeExecutor]) -> None:
+    """Messages in, answers out, one at a time, until the engine process's socket closes (or
+    its tensor edge breaks: it is gone)."""
     nodes = WorkerNodes(executors)
     while True:
         try:
             message: ToWorker = channel.recv()
-        except ChannelClosed:
+        except (ChannelClosed, EdgeBroken):
             return
         response = nodes.answer(message)
         try:
             channel.send(response)
-        except ChannelClosed:
+        except (ChannelClosed, EdgeBroken):   # EdgeBroken: after the answer went out; nothing more can
             return
         except Exception as exc:   # outputs that do not pickle: the batch fails, not the worker
             logger.exception("node %s: could not send an answer", message.request.node)
