@@ -196,7 +196,7 @@ def main(fd: int) -> int:
     configure_logging(level, ENGINE_LOG_FORMAT)
     setup: EngineSetup = channel.recv()
 
-    from omniwalk.engine_loop import Inbox, quiet_gc
+    from omniwalk.engine_loop import Inbox
 
     inbox = Inbox()
     threading.Thread(target=_read_commands, args=(channel, inbox), name="omniwalk-engine-input", daemon=True).start()

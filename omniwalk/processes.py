@@ -12,10 +12,35 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-from typing import Any
+import threading
+from typing import Any, Callable
 
 from omniwalk.ipc import Channel, ChannelClosed
 from omniwalk.logs import parent_context, take_parent_context
+
+
+def join_while_watching(join: Callable[[], Any], watch: Callable[[], None], name: str) -> Any:
+    """`join()`'s value (a rendezvous that blocks until every party arrives), run on a thread
+    while `watch()` is called every 0.1 s: it raises to give up (a party exited before it
+    joined), at once instead of after the rendezvous' timeout. `join`'s own exception is raised."""
+    result: list[Any] = []
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            result.append(join())
+        except BaseException as exc:
+            failed.append(exc)
+
+    joiner = threading.Thread(target=run, name=name, daemon=True)
+    joiner.start()
+    while joiner.is_alive():
+        joiner.join(timeout=0.1)
+        if joiner.is_alive():
+            watch()   # the stuck thread ends with the process
+    if failed:
+        raise failed[0]
+    return result[0]
 
 
 def spawn(entry: str, log_level: int, extra_fds: tuple[int, ...] = ()) -> tuple[subprocess.Popen, Channel]:

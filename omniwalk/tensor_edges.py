@@ -32,7 +32,6 @@ few KB through the socket.
 from __future__ import annotations
 
 import os
-import threading
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable
@@ -41,6 +40,7 @@ import torch
 import torch.distributed as dist
 
 from omniwalk.ipc import Channel
+from omniwalk.processes import join_while_watching
 
 #: tensors smaller than this (bytes) stay in the pickled message
 EDGE_MIN_BYTES = 64 << 10
@@ -217,23 +217,15 @@ def _process_group(backend: str, store: dist.Store, rank: int, timeout: timedelt
 
 
 def _while_alive(join: Callable[[], Any], peer_alive: Callable[[], bool]) -> Any:
-    """`join()`'s value, run on a thread while the peer is watched: a peer that exits before it
-    joined fails the join at once, not after the store's timeout."""
-    result: list[Any] = []
-    failed: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            result.append(join())
-        except BaseException as exc:
-            failed.append(exc)
-
-    joiner = threading.Thread(target=run, name="omniwalk-edge-join", daemon=True)
-    joiner.start()
-    while joiner.is_alive():
-        joiner.join(timeout=0.1)
-        if joiner.is_alive() and not peer_alive():   # the stuck thread ends with the process
+    """`join()`'s value while the peer is watched: a peer that exits before it joined fails the
+    join at once, not after the store's timeout."""
+    def watch() -> None:
+        if not peer_alive():
             raise EdgeBroken("the peer exited before it joined the tensor edge")
-    if failed:
-        raise EdgeBroken(f"could not join the tensor edge: {failed[0]}") from failed[0]
-    return result[0]
+
+    try:
+        return join_while_watching(join, watch, "omniwalk-edge-join")
+    except EdgeBroken:
+        raise
+    except BaseException as exc:
+        raise EdgeBroken(f"could not join the tensor edge: {exc}") from exc

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from omniwalk.ipc import Channel, ChannelClosed
 from omniwalk.logs import configure_logging, labelled_format, run_child_process
 from omniwalk.messages import EngineCommand, EngineSetup, StartFailed
-from omniwalk.processes import connect, exit_reason, first_answer, spawn
+from omniwalk.processes import connect, exit_reason, first_answer, join_while_watching, spawn
 
 logger = logging.getLogger(__name__)
 
@@ -128,25 +128,14 @@ class Ranks:
         return ranks
 
     def _join(self, init) -> None:
-        """Runs `init` (the rendezvous) on a thread while watching the ranks: one that exits
-        before it joined fails the start at once instead of after COLLECTIVE_TIMEOUT_S."""
-        failed: list[BaseException] = []
-
-        def rendezvous() -> None:
-            try:
-                init()
-            except BaseException as exc:
-                failed.append(exc)
-
-        joiner = threading.Thread(target=rendezvous, name="omniwalk-tp-rendezvous", daemon=True)
-        joiner.start()
-        while joiner.is_alive():
-            joiner.join(timeout=0.1)
+        """Runs `init` (the rendezvous) while watching the ranks: one that exits before it
+        joined fails the start at once instead of after COLLECTIVE_TIMEOUT_S."""
+        def watch() -> None:
             for rank, process in enumerate(self.processes, start=1):
-                if joiner.is_alive() and process.poll() is not None:   # the stuck thread dies with the process
+                if process.poll() is not None:
                     raise RuntimeError(f"tensor-parallel rank {rank} {self._exit_reason(rank)} before it joined")
-        if failed:
-            raise failed[0]
+
+        join_while_watching(init, watch, "omniwalk-tp-rendezvous")
 
     @property
     def pids(self) -> tuple[int, ...]:
