@@ -55,7 +55,7 @@ runs `build` and `WorkerNodes.answer` as the process does; omniwalk/ray_workers.
 Tensors between the processes (`SocketLink` only): the messages go on the socket, their
 tensors of 64 KiB and more through a two-rank torch.distributed group of the engine process
 and the worker, right after the message that names them (omniwalk/tensor_edges.py: NCCL
-between GPUs, gloo between CPUs, none between a GPU and a CPU). The worker joins it right
+between GPUs, gloo between CPUs, none between a GPU and a CPU or on one GPU). The worker joins it right
 after its `WorkerReady`, the engine process when it reads that (`SocketLink.ready`); from then
 on both ends talk through an `EdgeChannel`, and a transfer that fails (the peer died inside
 it) is the worker's death, as end of file is. A Ray actor's values all cross through Ray.

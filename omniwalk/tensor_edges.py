@@ -5,7 +5,8 @@ Each local worker group and the engine process form a two-rank process group of 
 (rank 0 the engine process, rank 1 the worker): NCCL when both ends' devices are CUDA, gloo
 when both are CPUs (what CI runs: the same code, a real transfer through the process group).
 Devices of two kinds (a CUDA engine, a CPU worker) get no edge: their tensors cross the host
-anyway, so they stay on the socket. The group is not torch.distributed's default one (which
+anyway, so they stay on the socket; nor do two groups on one GPU (NCCL takes no two ranks
+on one device). The group is not torch.distributed's default one (which
 tensor parallel's ranks use: omniwalk/engine/tensor_parallel.py): it is built from its own
 store (`ProcessGroupGloo` / `ProcessGroupNCCL` directly), so the two never meet.
 
@@ -70,7 +71,9 @@ def edge_backend(engine_device: torch.device, worker_device: torch.device) -> st
     """The backend of an edge between these devices; None: no edge (the socket carries all)."""
     kinds = {engine_device.type, worker_device.type}
     if kinds == {"cuda"}:
-        return "nccl"
+        # NCCL refuses two ranks on one GPU: two groups placed on the same GPU keep the socket
+        # (their tensors cross the host; CUDA IPC would spare that, not built)
+        return None if (engine_device.index or 0) == (worker_device.index or 0) else "nccl"
     if kinds == {"cpu"}:
         return "gloo"
     return None

@@ -121,6 +121,8 @@ def test_an_edge_needs_devices_of_one_kind():
     assert edge_backend(torch.device("cuda", 0), cuda) == "nccl"
     assert edge_backend(cpu, cpu) == "gloo"
     assert edge_backend(cuda, cpu) is None and edge_backend(cpu, cuda) is None   # through the host anyway
+    # NCCL takes no two ranks on one GPU: groups sharing a GPU keep the socket
+    assert edge_backend(torch.device("cuda"), torch.device("cuda", 0)) is None and edge_backend(cuda, cuda) is None
 
 
 def test_any_dtype_and_layout_arrives_as_it_was_sent():
