@@ -40,6 +40,7 @@ from omniwalk.bench.report import (
     exit_status, format_definitions, format_summary, machine_info, now_iso, run_summary_where, write_json,
 )
 from omniwalk.bench.runner import PhaseResult, Progress, run_phase
+from omniwalk.bench.server_metrics import ServerTTFT
 from omniwalk.bench.workload import (
     MEASURED, WARMUP, LengthRange, arrival_gaps, check_audio_seconds, file_requests, normal_vocabulary,
     read_prompts, synthetic_requests, with_audio,
@@ -279,20 +280,26 @@ def _one_run(args, engine, make_backend, warmup, measured, concurrency, hf) -> d
     label = _arrival_label(concurrency, args.request_rate)
     gaps = arrival_gaps(len(measured), args.request_rate, args.seed)
     _gpu_peak(engine, reset=True)
+    server_ttft = ServerTTFT(args.url) if args.url else None
     warm, result, load = run_phases(make_backend, warmup, measured, gaps, concurrency, label,
                                     not args.no_progress, args.client_processes)
     load = None if engine is not None else load   # in-process the engine shares the process: no meaning
+    server = server_ttft.mean_ms() if server_ttft is not None else None
     summary = summarize(result.records, result.start, result.end, args.ignore_eos)
     gpu_peak = _gpu_peak(engine, reset=False)
     table = format_summary(f"omniwalk bench: {label}", summary, hf, gpu_peak)
-    print("\n".join([table] + (load.lines() if load else [])), flush=True)
+    lines = [table] + (load.lines() if load else [])
+    if server is not None:
+        lines.append(f"  server-side TTFT      mean {server['mean_ms']:.2f} ms over {server['count']} requests "
+                     "(its /metrics; warm-up included)")
+    print("\n".join(lines), flush=True)
     warm_summary = _warmup_summary(warm, args.ignore_eos)
     if warm_summary and warm_summary["num_failed"]:
         print(f"  WARMUP: {warm_summary['num_failed']} of {warm_summary['num_requests']} requests failed",
               flush=True)
     return {"concurrency": concurrency, "request_rate": args.request_rate, "arrivals": label,
             "summary": summary.to_dict(), "warmup": warm_summary, "gpu_peak_allocated_bytes": gpu_peak,
-            "load_generator": None if load is None else load.to_dict(), "hf_baseline": hf}
+            "load_generator": None if load is None else load.to_dict(), "server_ttft": server, "hf_baseline": hf}
 
 
 def _warmup_summary(warm: PhaseResult | None, ignore_eos: bool) -> dict | None:

@@ -49,6 +49,9 @@ DEFINITIONS = {
               "other than length/stop, or a budget violation: more output ids than max_tokens, "
               "or fewer with ignore_eos (or with finish_reason length). Latency figures cover "
               "completed requests only",
+    "server-side TTFT": "over HTTP to an omniwalk server (`server_ttft` in the JSON): the mean of the "
+                        "server's own TTFT (request accepted -> first token ids at the API process, "
+                        "its /metrics read before and after the run), warm-up requests included",
 }
 
 

@@ -51,6 +51,8 @@ def test_real_server_counts_exactly(tiny_server, metric, tmp_path, capsys):
         per_token, per_chunk = (s["latency_ms"][k]["count"] for k in ("itl_per_token", "itl_per_chunk"))
         assert per_chunk <= per_token <= asked - 10 and per_token > 0
         assert run["warmup"]["num_requests"] == 2 and run["warmup"]["num_failed"] == 0
+        # the server's own TTFT over the run's requests (warm-up included), read from its /metrics
+        assert run["server_ttft"]["count"] == 12 and 0 < run["server_ttft"]["mean_ms"] < 60_000
     # what the server says it sent: 2 runs x (measured + warmup)
     warmup_asked = 2 * sum(r.output_len for r in synthetic_requests(
         2, LengthRange(8, 24), LengthRange(3, 17), normal_vocabulary(resolve_tokenizer("tiny-qwen3")), 3, 1))
@@ -151,6 +153,7 @@ def test_failures_are_counted_and_exit_nonzero(serve, tmp_path, capsys):
     # requests 3, 6, 9: HTTP 500; 5: error event; 4: one id short of max_tokens
     assert (s["num_requests"], s["num_errors"], s["num_budget_violations"], s["num_completed"]) == (9, 4, 1, 4)
     assert report["failed"] and report["num_failed"] == 5
+    assert report["runs"][0]["server_ttft"] is None   # a server without omniwalk's /metrics
     assert sorted(f["http_status"] for f in s["failures"] if f["kind"] == "error") == [200, 500, 500, 500]
     assert s["output_tokens"] == 4 * 5
     output = capsys.readouterr()
