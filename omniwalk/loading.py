@@ -448,17 +448,18 @@ def capture_decode_graphs(args: EngineArgs, lm, cache: PagedKVCache, max_model_l
 
 
 def capture_prefill_graphs(lm, graphs: DecodeGraphs | None, conv_kernel: int | None = None,
-                           max_sequences: int = 8):
+                           max_sequences: int | None = None):
     """CUDA graphs of small prefill batches (a request joining a running batch, the first
     arrivals of a wave), beside the decode graphs; None without those or if capture fails."""
     if graphs is None:
         return None
-    from omniwalk.engine.prefill_graphs import MAX_TOKENS, PrefillGraphs
+    from omniwalk.engine.prefill_graphs import MAX_SEQUENCES, MAX_TOKENS, PrefillGraphs
     from omniwalk.layers.gated_delta_rule import RECURRENT_PREFILL_MAX_LEN
 
     # a hybrid model's pieces stay short enough for its recurrent layers' one-launch kernel
     max_tokens = MAX_TOKENS if conv_kernel is None else RECURRENT_PREFILL_MAX_LEN
-    prefill = PrefillGraphs(lm, graphs, conv_kernel=conv_kernel, max_tokens=max_tokens, max_sequences=max_sequences)
+    prefill = PrefillGraphs(lm, graphs, conv_kernel=conv_kernel, max_tokens=max_tokens,
+                            max_sequences=max_sequences or MAX_SEQUENCES)
     started = time.perf_counter()
     try:
         prefill.capture()
