@@ -315,7 +315,8 @@ def load_model(args: EngineArgs) -> LoadedModel:
     if spec.prefill_graphs:
         ctx.prefill_graphs = capture_prefill_graphs(step, ctx.decode_graphs, spec.conv_kernel(ctx.config)
                                                     if spec.conv_kernel is not None else None,
-                                                    spec.prefill_graph_sequences)
+                                                    spec.prefill_graph_sequences or args.max_num_seqs + 1,
+                                                    spec.prefill_graph_tokens or args.max_num_batched_tokens)
     if ctx.device.type == "cuda" and args.startup_warmup is not False:
         warm_up_moe_kernels(ctx.module, args.max_num_batched_tokens)
     served = spec.serve(ctx)
@@ -448,18 +449,22 @@ def capture_decode_graphs(args: EngineArgs, lm, cache: PagedKVCache, max_model_l
 
 
 def capture_prefill_graphs(lm, graphs: DecodeGraphs | None, conv_kernel: int | None = None,
-                           max_sequences: int | None = None):
-    """CUDA graphs of small prefill batches (a request joining a running batch, the first
-    arrivals of a wave), beside the decode graphs; None without those or if capture fails."""
+                           max_sequences: int | None = None, max_tokens: int | None = None):
+    """CUDA graphs of prefill batches (a request joining a running batch, a wave's prompts)
+    of up to `max_tokens` tokens (a step's budget; None: 256) in up to `max_sequences`
+    pieces, padding included (None: 8), beside the decode graphs; None without those or if
+    capture fails."""
     if graphs is None:
         return None
-    from omniwalk.engine.prefill_graphs import MAX_SEQUENCES, MAX_TOKENS, PrefillGraphs
+    from omniwalk.engine.prefill_graphs import MAX_SEQUENCES, MAX_TOKENS, SEQUENCE_BUCKETS, TOKEN_BUCKETS, PrefillGraphs
     from omniwalk.layers.gated_delta_rule import RECURRENT_PREFILL_MAX_LEN
 
     # a hybrid model's pieces stay short enough for its recurrent layers' one-launch kernel
-    max_tokens = MAX_TOKENS if conv_kernel is None else RECURRENT_PREFILL_MAX_LEN
+    if conv_kernel is not None:
+        max_tokens = RECURRENT_PREFILL_MAX_LEN
+    max_tokens = _bucket_at_least(TOKEN_BUCKETS, max_tokens or MAX_TOKENS)
     prefill = PrefillGraphs(lm, graphs, conv_kernel=conv_kernel, max_tokens=max_tokens,
-                            max_sequences=max_sequences or MAX_SEQUENCES)
+                            max_sequences=_bucket_at_least(SEQUENCE_BUCKETS, max_sequences or MAX_SEQUENCES))
     started = time.perf_counter()
     try:
         prefill.capture()
@@ -469,6 +474,11 @@ def capture_prefill_graphs(lm, graphs: DecodeGraphs | None, conv_kernel: int | N
     logger.info("captured prefill CUDA graphs for (tokens, sequences) %s in %.1f s", prefill.buckets,
                 time.perf_counter() - started)
     return prefill
+
+
+def _bucket_at_least(buckets: tuple[int, ...], wanted: int) -> int:
+    """The smallest bucket that holds `wanted` (the largest if none does)."""
+    return next((b for b in buckets if b >= wanted), buckets[-1])
 
 
 def kv_cache_shape(args: EngineArgs, num_layers: int, num_kv_heads: int, head_dim: int, device: torch.device,

@@ -13,7 +13,8 @@ shapes depend on the bucket alone, so it can be captured once and replayed:
 The real pieces come first; padding sequences (at least one token each) take the rest,
 with the scratch page for their keys/values and the scratch slot for their state (both
 owned by no sequence, shared with the decode graphs), so what they compute lands where
-nobody reads. As in `DecodeGraphs`, each piece's state rows (read, write) are inputs; the
+nobody reads. Their context length is -1, which the attention kernel answers with zeros
+and no keys read: a large bucket's last padding piece may be thousands of tokens long. As in `DecodeGraphs`, each piece's state rows (read, write) are inputs; the
 executor commits them once the step succeeded. Buckets hold pieces of at most
 `max_tokens` tokens in all (`MAX_TOKENS`; a hybrid model's loader passes fewer, so every
 piece is short and its recurrent layers take their one-launch kernel).
@@ -33,10 +34,13 @@ from omniwalk.engine.ragged import RaggedLengths, conv_window_indices
 
 # 256: a 128-token prompt with its padding sequence (the text tables' c = 1 prompts) fits a
 # graph; on the H200 that prompt ran eagerly in 46 ms (the Qwen3-Omni Thinker, with PDL's
-# graph-only kernels) against 32 ms replayed for prompts that fit (not yet measured with 256)
-TOKEN_BUCKETS = (16, 32, 64, 128, 256)
-SEQUENCE_BUCKETS = (2, 4, 8, 16, 32)   # padding included: up to max_sequences - 1 real pieces
-MAX_TOKENS = TOKEN_BUCKETS[-1]
+# graph-only kernels) against 32 ms replayed for prompts that fit (not yet measured with 256).
+# The larger buckets (`capture_prefill_graphs` goes up to --max-num-batched-tokens) hold a
+# wave's prefill steps: on the H200 Qwen3-0.6B's eager pass over seven 128-token prompts
+# took 22-28 ms of host time for 4 ms on the GPU; padded by at most a third.
+TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
+SEQUENCE_BUCKETS = (2, 4, 8, 16, 32, 64, 128, 256, 512)   # padding included: up to n - 1 real pieces
+MAX_TOKENS = 256          # the default largest bucket (tests; hybrid models pass fewer)
 MAX_SEQUENCES = 8
 
 
@@ -162,7 +166,7 @@ class PrefillGraphs(BucketGraphs):
         longs["cu_seqlens"][: seqs + 1] = starts
         ints["query_start"][: seqs + 1] = starts
         ints["context_lens"][:count] = context_lens
-        ints["context_lens"][count:seqs] = 0
+        ints["context_lens"][count:seqs] = -1   # padding: zeros out of the attention
         table = ints["page_table"].reshape(-1, self.max_pages)
         table[:seqs] = self.scratch_page
         for row, pages in enumerate(page_tables):
@@ -177,7 +181,7 @@ class PrefillGraphs(BucketGraphs):
             longs["conv_gather"][: tokens * kernel] = gather.reshape(-1)
             longs["conv_state"][: seqs * (kernel - 1)] = state.reshape(-1)
         self._host_layout = None if self.on_cuda else (
-            lengths, list(context_lens) + [0] * pads,
+            lengths, list(context_lens) + [-1] * pads,
             [list(p) for p in page_tables] + [[self.scratch_page] * -(-n // page_size) for n in pad_lens])
 
     def _copy_layout(self) -> None:

@@ -14,6 +14,16 @@ KV head into its rows, so each key/value tile is read once per KV head (GQA):
 Online softmax in fp32 (as flash attention). Runs on CUDA, and on CPU under
 TRITON_INTERPRET=1 (how CI checks it against the reference).
 
+A prefill's query blocks are numbered over the whole batch, not per sequence: program
+(h, m) finds its sequence b by binary search for the last b with query_start[b] // BLOCK_M
++ b <= m (sequence b's blocks start there, so its cdiv(q_len, BLOCK_M) blocks fit before
+b + 1's). The grid, cdiv(tokens, BLOCK_M) + B blocks, then follows the batch's tokens, not
+its longest piece: a prefill CUDA graph (`engine/prefill_graphs.py`) must size the grid for
+the longest piece its bucket could hold (all of its tokens), which per sequence would be
+B x that many programs, nearly all of them idle. A sequence with a negative context length
+is a graph's padding: its rows get zeros and no keys are read (the padding of a large
+bucket would otherwise attend causally over up to thousands of its own tokens).
+
 Decode of a small batch splits each sequence's keys (flash-decoding): with one program per
 (KV head, sequence), batch 1 of a 4-KV-head model keeps 4 of the GPU's 132 SMs busy and
 walks its keys one tile after the other. Split S ways, program (kv head, split s, seq)
@@ -63,8 +73,10 @@ def paged_attention(
     if splits > 1:   # [tokens, heads, splits, dim] and [tokens, heads, splits, (max, sum)]
         partial_acc = torch.empty((num_tokens, num_heads, splits, block_d), dtype=torch.float32, device=query.device)
         partial_stats = torch.empty((num_tokens, num_heads, splits, 2), dtype=torch.float32, device=query.device)
-    # axis 1: the query block (prefill) or the key split (decode)
-    grid = (num_kv_heads, splits if splits > 1 else triton.cdiv(max_query_len, block_m), num_sequences)
+    # axis 1: a prefill's query block over the whole batch (axis 2 then 1), or a decode's key split
+    flat = max_query_len > 1
+    grid = (num_kv_heads, triton.cdiv(num_tokens, block_m) + num_sequences, 1) if flat else \
+        (num_kv_heads, splits, num_sequences)
     # decode: 2 warps do (a program has one query row per head of its group); see
     # a probe at 78d31df: benchmarks/scripts/attention_decode.py; docs/benchmarks.md
     launch = dict(num_warps=2, num_stages=3) if max_query_len == 1 else {}
@@ -75,10 +87,10 @@ def paged_attention(
         query.stride(0), query.stride(1),
         key_cache.stride(0), key_cache.stride(1),
         out.stride(0), out.stride(1),
-        page_table.stride(0),
+        page_table.stride(0), num_sequences,
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_M=block_m, ROWS=rows, BLOCK_N=(SPLIT_BLOCK_N if splits > 1 else 64) if page_size <= 64 else page_size,
-        PAGE=page_size, SPLITS=splits,
+        PAGE=page_size, SPLITS=splits, FLAT=flat,
         **launch, **pdl_launch(query),
     )
     if splits > 1:
@@ -114,7 +126,7 @@ def paged_attention_reference(
     key_cache: torch.Tensor,      # [num_slots, num_kv_heads, head_dim] (one layer's pool)
     value_cache: torch.Tensor,
     query_lens: list[int],        # new tokens per sequence
-    context_lens: list[int],      # tokens cached per sequence before this pass
+    context_lens: list[int],      # tokens cached per sequence before this pass (< 0: padding)
     page_tables: list[list[int]],   # pages of each sequence (context + new tokens)
     page_size: int,
     scale: float,
@@ -124,6 +136,10 @@ def paged_attention_reference(
     outputs = []
     start = 0
     for query_len, context_len, table in zip(query_lens, context_lens, page_tables):
+        if context_len < 0:   # a graph's padding sequence (as the kernel: zeros)
+            outputs.append(query.new_zeros((query_len, *query.shape[1:])))
+            start += query_len
+            continue
         total = context_len + query_len
         pages = torch.tensor(table, dtype=torch.long, device=query.device)
         slots = (pages[:, None] * page_size + torch.arange(page_size, device=query.device)).flatten()[:total]
@@ -149,7 +165,7 @@ if triton is not None:
     # The page table's row stride is the eager batch's longest table: any number. Left
     # unspecialized, it does not make Triton compile another variant (~0.5 s, in a step)
     # when a batch's width is odd or 1 where the ones before were multiples of 16.
-    @triton.jit(do_not_specialize=["stride_table"])
+    @triton.jit(do_not_specialize=["stride_table", "num_sequences"])
     def _paged_attention_kernel(
         q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, partial_acc_ptr, partial_stats_ptr,
         query_start_ptr, context_lens_ptr, page_table_ptr,
@@ -157,21 +173,31 @@ if triton is not None:
         stride_q_token, stride_q_head,
         stride_k_slot, stride_k_head,
         stride_o_token, stride_o_head,
-        stride_table,
+        stride_table, num_sequences,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
         BLOCK_M: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
-        SPLITS: tl.constexpr,
+        SPLITS: tl.constexpr, FLAT: tl.constexpr,
         PDL: tl.constexpr,
     ):
         await_predecessor(PDL)
         # KV heads vary fastest: programs that run together read the same slots' rows (one
         # slot holds every head's key), 3x faster at short decode contexts than sequence-first
         kv_head = tl.program_id(0)
-        if SPLITS == 1:
-            block = tl.program_id(1)
+        if FLAT:   # the batch's query block m: the last sequence whose blocks start at or before it
+            target = tl.program_id(1)
+            low = 0
+            high = num_sequences
+            while low < high:
+                middle = (low + high) // 2
+                if tl.load(query_start_ptr + middle) // BLOCK_M + middle <= target:
+                    low = middle + 1
+                else:
+                    high = middle
+            seq = low - 1
+            block = target - (tl.load(query_start_ptr + seq) // BLOCK_M + seq)
         else:
-            block = 0
-        seq = tl.program_id(2)
+            block = tl.program_id(1) if SPLITS == 1 else 0
+            seq = tl.program_id(2)
 
         q_start = tl.load(query_start_ptr + seq)
         q_len = tl.load(query_start_ptr + seq + 1) - q_start
@@ -186,6 +212,11 @@ if triton is not None:
         row_valid = (rows < BLOCK_M * GROUP) & (token < q_len)
         dims = tl.arange(0, BLOCK_D)
         dim_valid = dims < HEAD_DIM
+        if context < 0:   # a graph's padding sequence: zeros, no keys read
+            tl.store(out_ptr + (q_start + token)[:, None] * stride_o_token + head[:, None] * stride_o_head + dims[None, :],
+                     tl.zeros([ROWS, BLOCK_D], tl.float32).to(out_ptr.dtype.element_ty),
+                     mask=row_valid[:, None] & dim_valid[None, :])
+            return
 
         q = tl.load(q_ptr + (q_start + token)[:, None] * stride_q_token + head[:, None] * stride_q_head + dims[None, :],
                     mask=row_valid[:, None] & dim_valid[None, :], other=0.0)

@@ -56,9 +56,12 @@ class LoaderSpec:
     decode_step: Callable[["LoadContext"], Any] | None = None
     #: whether small prefill batches are captured as CUDA graphs too
     prefill_graphs: bool = True
-    #: the most sequences one prefill graph holds, padding included (at most 32); None: the
-    #: engine's default (prefill_graphs.MAX_SEQUENCES, 8)
+    #: the most sequences one prefill graph holds, padding included (at most 512); None: a
+    #: step's most (--max-num-seqs, and the padding)
     prefill_graph_sequences: int | None = None
+    #: the most tokens one prefill graph holds, padding included; None: a step's budget
+    #: (--max-num-batched-tokens), so a wave's prefill steps replay graphs too
+    prefill_graph_tokens: int | None = None
     #: the causal-conv kernel width the prefill graphs gather windows for (hybrid models)
     conv_kernel: Callable[[Any], int] | None = None
     #: the served model: graph (walks), plan and node executors over what was built

@@ -4,6 +4,7 @@ On a CPU the padded batch runs through attention's host lists; the buffers below
 the Triton kernels read on a GPU, so they are checked here directly.
 """
 
+import pytest
 import torch
 
 from omniwalk.engine.cuda_graphs import DecodeGraphs
@@ -31,7 +32,7 @@ def test_padded_layout_in_the_device_buffers():
     assert ints("query_start")[:5].tolist() == [0, 5, 8, 9, 16]
     assert longs("cu_seqlens")[:5].tolist() == [0, 5, 8, 9, 16]
     assert longs("ends")[:4].tolist() == [4, 7, 8, 15]
-    assert ints("context_lens")[:4].tolist() == [0, 16, 0, 0]
+    assert ints("context_lens")[:4].tolist() == [0, 16, -1, -1]   # padding: the attention answers zeros
     scratch_kv = decode.scratch_page * cache.page_size
     assert longs("kv_slots")[:16].tolist() == kv_slots + [scratch_kv] * 8
     table = ints("page_table").view(-1, decode.max_pages)[:4]
@@ -72,20 +73,37 @@ def test_a_128_token_prompt_fits_a_graph_except_on_a_hybrid_model():
         assert max(tokens for tokens, _ in graphs.buckets) == (RECURRENT_PREFILL_MAX_LEN if conv else 256)
 
 
-def test_more_pieces_than_the_default_buckets_hold_equal_the_eager_pass():
-    """A family may ask for buckets of up to 32 sequences (Whisper: an encoder pass starts up
-    to 16 windows' prompts in one step); 10 pieces of a padded 16-sequence bucket give the
-    logits the eager pass gives them, each piece on its own pages."""
+def test_large_buckets_follow_the_step_budget():
+    """Without a family's limits the buckets go up to a step's tokens and sequences (a wave's
+    prefill steps replay graphs), each rounded up to a bucket."""
+    from omniwalk import loading
+
+    loaded = load_model(EngineArgs("tiny-qwen3", device="cpu", dtype="float32", kv_cache_tokens=4096, max_num_seqs=4))
+    executor = loaded.served.executors["backbone"]
+    graphs = loading.capture_prefill_graphs(executor.model, DecodeGraphs(executor.model, executor.cache, 4, 8),
+                                            max_sequences=129, max_tokens=5000)
+    assert max(graphs.buckets) == (6144, 256)
+    assert graphs.bucket_for([96] * 63, [8] * 63) == (6144, 64)
+    assert graphs.bucket_for([128] * 7, [8] * 7) == (1024, 8)
+
+
+@pytest.mark.parametrize("query_lens, bucket", [
+    ([4, 1, 7, 3, 4, 2, 5, 4, 6, 4], (64, 16)),   # Whisper's case: 10 pieces, 16-sequence buckets
+    ([61, 40, 7, 90, 33, 52, 75, 48, 66, 70], (768, 16)),   # a long padding piece (227 tokens)
+])
+def test_more_pieces_than_the_default_buckets_hold_equal_the_eager_pass(query_lens, bucket):
+    """A family may ask for buckets of more sequences (Whisper: an encoder pass starts up to
+    16 windows' prompts in one step), and a step's budget makes them larger: 10 pieces of a
+    padded bucket give the logits the eager pass gives them, each piece on its own pages."""
     from omniwalk.engine.attention import PagedAttention, build_metadata
 
     loaded = load_model(EngineArgs("tiny-qwen3", device="cpu", dtype="float32", kv_cache_tokens=4096, max_num_seqs=4))
     executor = loaded.served.executors["backbone"]
     model, cache = executor.model, executor.cache
-    graphs = PrefillGraphs(model, DecodeGraphs(model, cache, 4, 8), max_sequences=16)
+    graphs = PrefillGraphs(model, DecodeGraphs(model, cache, 4, 8), max_tokens=1024, max_sequences=16)
     assert max(seqs for _, seqs in graphs.buckets) == 16
-    query_lens = [4, 1, 7, 3, 4, 2, 5, 4, 6, 4]
     handles, context_lens = list(range(10, 20)), [0] * 10
-    assert graphs.bucket_for(query_lens, [1] * 10) == (64, 16)
+    assert graphs.bucket_for(query_lens, [-(-n // cache.page_size) for n in query_lens]) == bucket
     for handle, n in zip(handles, query_lens):
         cache.reserve(handle, n)
     generator = torch.Generator().manual_seed(0)

@@ -80,6 +80,56 @@ def test_tensor_only_metadata_on_a_cpu_without_the_interpreter_takes_the_referen
     torch.testing.assert_close(attention.forward(0, q, k, v, 0.25), expected)
 
 
+def long_pieces_with_padding(device, dtype, head_dim=16, page_size=4):
+    """Prefill pieces longer than a query block (group 4: 16 tokens a block), starting
+    anywhere in one, then a CUDA graph's padding sequence (context -1, the scratch page)."""
+    torch.manual_seed(3)
+    query_lens, context_lens = [37, 5, 50, 16], [3, 0, 9, 1]
+    shape = KVCacheShape(1, 2, head_dim, page_size, num_pages=64)
+    cache = PagedKVCache(shape, dtype, device)
+    cache.keys.normal_()
+    cache.values.normal_()
+    for handle, (context, query) in enumerate(zip(context_lens, query_lens)):
+        cache.reserve(handle, context + query)
+    scratch, pad = 63, 21
+    tokens = sum(query_lens) + pad
+    q, k, v = (torch.randn(tokens, heads, head_dim, device=device, dtype=dtype) for heads in (8, 2, 2))
+    handles = list(range(len(query_lens)))
+    metas = []
+    for use_triton in (False, True):
+        meta = build_metadata(cache, handles, context_lens, query_lens, device, use_triton=use_triton)
+        meta.slot_mapping = torch.cat([meta.slot_mapping, torch.full((pad,), scratch * page_size, device=device)])
+        meta.query_lens, meta.context_lens = query_lens + [pad], context_lens + [-1]
+        meta.page_tables = meta.page_tables + [[scratch] * -(-pad // page_size)]
+        if use_triton:
+            meta.query_start = torch.cat([meta.query_start, meta.query_start.new_tensor([tokens])])
+            meta.context_lens_tensor = torch.cat([meta.context_lens_tensor, meta.context_lens_tensor.new_tensor([-1])])
+            table = meta.page_table_tensor
+            meta.page_table_tensor = torch.cat([table, torch.full_like(table[:1], scratch)])
+            meta.max_query_len = tokens   # as a graph's bucket: its whole width
+        metas.append(meta)
+    return cache, metas, q, k, v, tokens - pad
+
+
+def test_prefill_blocks_span_the_batch_and_padding_sequences_get_zeros():
+    cache, (sdpa_meta, triton_meta), q, k, v, real = long_pieces_with_padding("cpu", torch.float32)
+    expected = PagedAttention(cache, sdpa_meta).forward(0, q, k, v, 0.25)
+    got = PagedAttention(cache, triton_meta).forward(0, q, k, v, 0.25)
+    assert expected[real:].abs().max().item() == 0 and got[real:].abs().max().item() == 0
+    assert expected[:real].abs().max().item() > 0
+    assert (got - expected).abs().max().item() < 1e-5
+
+
+@pytest.mark.gpu
+def test_prefill_blocks_span_the_batch_and_padding_sequences_get_zeros_on_cuda():
+    cache, (sdpa_meta, triton_meta), q, k, v, real = long_pieces_with_padding("cuda", torch.bfloat16, head_dim=128,
+                                                                             page_size=16)
+    expected = PagedAttention(cache, sdpa_meta).forward(0, q, k, v, 128 ** -0.5)
+    got = PagedAttention(cache, triton_meta).forward(0, q, k, v, 128 ** -0.5)
+    assert got[real:].abs().max().item() == 0
+    assert (got.float() - expected.float()).abs().max().item() < 2e-2
+
+
 @pytest.mark.gpu
 def test_kernel_handles_head_dim_under_sixteen_on_cuda():   # the interpreter does not check tl.dot's sizes
     compare(12, 4, 2, head_dim=8, page_size=16, device="cuda", dtype=torch.bfloat16, tol=2e-2)

@@ -129,6 +129,7 @@ WHISPER_LOADER = LoaderSpec(
     # pass starts up to MAX_ENCODER_WINDOWS prompts in one step (eagerly at c = 32: 43 ms of host)
     prefill_graphs=True,
     prefill_graph_sequences=2 * MAX_ENCODER_WINDOWS,
+    prefill_graph_tokens=256,   # forced prompts of 4 tokens (a `prompt` of up to 224 runs eagerly)
     serve=serve_whisper,
     worker_executors={ENCODER.name: encoder_executor},
 )
