@@ -468,6 +468,9 @@ def capture_prefill_graphs(lm, graphs: DecodeGraphs | None, conv_kernel: int | N
     started = time.perf_counter()
     try:
         prefill.capture()
+        # the eager pass's kernels (no PDL) compiled now too: a step the graphs do not hold
+        # (a full budget and its padding, media rows) would compile them mid-serving
+        prefill.run_eagerly_once()
     except Exception:   # the eager pass does the same work, with more launches
         logger.exception("could not capture the prefill CUDA graphs; small prefill batches run eagerly")
         return None

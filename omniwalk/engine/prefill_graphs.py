@@ -126,6 +126,13 @@ class PrefillGraphs(BucketGraphs):
     def capture(self) -> None:
         self._capture(prepare=self._prepare_capture)
 
+    @torch.inference_mode()
+    def run_eagerly_once(self) -> None:
+        """The smallest bucket's forward outside a graph (its padding alone: nothing real written)."""
+        bucket = self.buckets[0]
+        self._prepare_capture(bucket)
+        self._forward(bucket)
+
     def _prepare_capture(self, bucket) -> None:
         # a valid layout for the warm-up runs and the capture: the bucket as padding alone
         self._fill(bucket, [], [], [], [], [], [], [])

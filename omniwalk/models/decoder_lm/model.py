@@ -67,8 +67,8 @@ class TextGenerationModel:
         return None
 
     def warmup_requests(self, max_model_len: int) -> list[Request]:
-        """A few sampled requests whose prefill is too big for the prefill graphs (see
-        `Engine` warm-up): what the first real requests would compile, compiled at load."""
+        """A few sampled requests (see `Engine` warm-up): what the first real requests would
+        compile (sampling, stop checks, the runtime's paths), compiled at load."""
         vocab = self.lm.config.vocab_size
         prompt_len = max(1, min(WARMUP_PROMPT_TOKENS, max_model_len // 4))
         budget = max(1, min(8, max_model_len - prompt_len))
@@ -78,8 +78,8 @@ class TextGenerationModel:
                 for i in range(WARMUP_REQUESTS)]
 
 
-# Eight prompts of 40 tokens: one eager prefill pass of 320 tokens, beyond the prefill
-# graphs' buckets (7 prompts, 128 tokens), sampled eagerly; then graph-replayed decode steps.
+# Eight prompts of 40 tokens: one prefill step of 320 tokens (a prefill graph's; the eager
+# pass's kernels are compiled by `capture_prefill_graphs`), sampled; then graphed decode steps.
 WARMUP_REQUESTS, WARMUP_PROMPT_TOKENS = 8, 40
 
 

@@ -122,7 +122,7 @@ def speech_warmup(loaded) -> list[Request]:
 def warmup_requests(model: OrpheusModel, max_model_len: int) -> list[Request]:
     """Eight speech requests of five frames (a SNAC window, then the flush) with the default
     sampling, built as the frontend builds them; their prompts (~40 ids of the text
-    vocabulary each) are prefilled in one eager pass beyond the prefill graphs' buckets."""
+    vocabulary each) are prefilled in one step."""
     text_len = max(1, min(WARMUP_PROMPT_TOKENS - 6, max_model_len // 4))
     budget = max(1, min(5 * CODES_PER_FRAME, max_model_len - text_len - 6))
     requests = []
