@@ -75,8 +75,8 @@ def capture_per_bucket(device: torch.device, buckets: list, forward: Callable[[A
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool, stream=stream):
                 output = forward(batch)
-            # a graph's first replay also uploads it to the device: done here, not in a step
-            # (a fresh server's first 128-request waves took ~15 ms more of server TTFT)
+            # a graph's first replay also uploads it to the device (cudaGraphUpload's work):
+            # done here, not inside a serving step (not measured apart on its own)
             graph.replay()
             pool = graph.pool()
             graphs[batch] = (graph, output)

@@ -344,3 +344,21 @@ def test_an_engine_going_idle_collects_the_young_generations_there(monkeypatch):
 def test_startup_warmup_fits_a_small_queue():
     with Engine(EngineArgs("tiny-qwen3", startup_warmup=True, max_num_seqs=1, max_queue=1)) as engine:
         assert len(engine.generate(["hi"], max_tokens=2)[0].token_ids) == 2
+
+
+def test_startup_warm_up_ends_with_greedy_rows_alone():
+    """The text warm-up (on CUDA at start; asked for here on a CPU) runs to the end, and its
+    last steps are greedy rows alone: a greedy client's sampling plan is compiled at load."""
+    from omniwalk.models.decoder_lm.model import TEXT_STREAM
+
+    engine = Engine(EngineArgs("tiny-qwen3", device="cpu", dtype="float32", startup_warmup=True))
+    try:
+        requests = engine.loaded.warmup_requests()
+        budgets = [(r.streams[TEXT_STREAM].sampling.temperature, r.streams[TEXT_STREAM].max_items)
+                   for r in requests]
+        greedy = [n for t, n in budgets if t == 0.0]
+        assert len(greedy) == 1 and len(budgets) > 1
+        assert greedy[0] > max(n for t, n in budgets if t > 0.0)
+        assert engine.generate([[5, 6, 7]], max_tokens=3)[0].token_ids   # served after it
+    finally:
+        engine.shutdown()

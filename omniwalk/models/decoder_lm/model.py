@@ -67,15 +67,19 @@ class TextGenerationModel:
         return None
 
     def warmup_requests(self, max_model_len: int) -> list[Request]:
-        """A few sampled requests (see `Engine` warm-up): what the first real requests would
-        compile (sampling, stop checks, the runtime's paths), compiled at load."""
+        """A few requests (see `Engine` warm-up): what the first real requests would compile
+        (sampling, stop checks, the runtime's paths), compiled at load. The last one is
+        greedy with twice the budget: its last steps are a batch of greedy rows alone, the
+        sampling plan of a greedy client (on a fresh GPU machine its first request stalled
+        its wave ~1 s, compiling it)."""
         vocab = self.lm.config.vocab_size
         prompt_len = max(1, min(WARMUP_PROMPT_TOKENS, max_model_len // 4))
-        budget = max(1, min(8, max_model_len - prompt_len))
+        budget = max(1, min(8, (max_model_len - prompt_len) // 2))
+        sampled = [SamplingParams(temperature=1.0, top_p=0.9, seed=i) for i in range(WARMUP_REQUESTS - 1)]
+        plans = [(params, budget) for params in sampled] + [(SamplingParams(temperature=0.0), 2 * budget)]
         return [Request(f"warmup-{i}", TextPrompt(warmup_prompt(i, prompt_len, vocab)),
-                        {TEXT_STREAM: StreamParams(budget, StopConfig(ignore_eos=True),
-                                                   SamplingParams(temperature=1.0, top_p=0.9, seed=i), i)})
-                for i in range(WARMUP_REQUESTS)]
+                        {TEXT_STREAM: StreamParams(n, StopConfig(ignore_eos=True), params, i)})
+                for i, (params, n) in enumerate(plans)]
 
 
 # Eight prompts of 40 tokens: one prefill step of 320 tokens (a prefill graph's; the eager
