@@ -14,8 +14,9 @@ The real pieces come first; padding sequences (at least one token each) take the
 with the scratch page for their keys/values and the scratch slot for their state (both
 owned by no sequence, shared with the decode graphs), so what they compute lands where
 nobody reads. Their context length is -1, which the attention kernel answers with zeros
-and no keys read: a large bucket's last padding piece may be thousands of tokens long. As in `DecodeGraphs`, each piece's state rows (read, write) are inputs; the
-executor commits them once the step succeeded. Buckets hold pieces of at most
+and no keys read: a large bucket's last padding piece may be thousands of tokens long. As
+in `DecodeGraphs`, each piece's state rows (read, write) are inputs; the executor commits
+them once the step succeeded. Buckets hold pieces of at most
 `max_tokens` tokens in all (`MAX_TOKENS`; a hybrid model's loader passes fewer, so every
 piece is short and its recurrent layers take their one-launch kernel).
 

@@ -70,8 +70,8 @@ class TextGenerationModel:
         """A few requests (see `Engine` warm-up): what the first real requests would compile
         (sampling, stop checks, the runtime's paths), compiled at load. The last one is
         greedy with twice the budget: its last steps are a batch of greedy rows alone, the
-        sampling plan of a greedy client (on a fresh GPU machine its first request stalled
-        its wave ~1 s, compiling it)."""
+        sampling plan of a greedy client (on a fresh GPU machine a greedy client's first wave
+        stalled ~1 s while that plan's sampling graphs were captured)."""
         vocab = self.lm.config.vocab_size
         prompt_len = max(1, min(WARMUP_PROMPT_TOKENS, max_model_len // 4))
         budget = max(1, min(8, (max_model_len - prompt_len) // 2))
@@ -82,8 +82,9 @@ class TextGenerationModel:
                 for i, (params, n) in enumerate(plans)]
 
 
-# Eight prompts of 40 tokens: one prefill step of 320 tokens (a prefill graph's; the eager
-# pass's kernels are compiled by `capture_prefill_graphs`), sampled; then graphed decode steps.
+# Eight prompts of 40 tokens (seven sampled, one greedy): one prefill step of 320 tokens (a
+# prefill graph's; the eager pass's kernels are compiled by `capture_prefill_graphs`), then
+# graphed decode steps.
 WARMUP_REQUESTS, WARMUP_PROMPT_TOKENS = 8, 40
 
 
