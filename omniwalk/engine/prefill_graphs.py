@@ -1,4 +1,4 @@
-"""Small ragged prefill batches captured as CUDA graphs, one per (tokens, sequences) bucket.
+"""Ragged prefill batches captured as CUDA graphs, one per (tokens, sequences) bucket.
 
 When a request joins a running batch, its prompt runs eagerly beside the decode graph's
 rows (`CausalLMExecutor`). For a hybrid model that eager pass is hundreds of kernel
@@ -16,9 +16,9 @@ owned by no sequence, shared with the decode graphs), so what they compute lands
 nobody reads. Their context length is -1, which the attention kernel answers with zeros
 and no keys read: a large bucket's last padding piece may be thousands of tokens long. As
 in `DecodeGraphs`, each piece's state rows (read, write) are inputs; the executor commits
-them once the step succeeded. Buckets hold pieces of at most
-`max_tokens` tokens in all (`MAX_TOKENS`; a hybrid model's loader passes fewer, so every
-piece is short and its recurrent layers take their one-launch kernel).
+them once the step succeeded. Buckets hold pieces of at most `max_tokens` tokens in all
+(`MAX_TOKENS` by default; the loader passes a step's budget, or 128 for a hybrid model, so
+every piece is short and its recurrent layers take their one-launch kernel).
 
 On a CPU nothing is captured and `run` computes the padded batch eagerly from the same
 buffers, so CI runs the padding and the buffers.
